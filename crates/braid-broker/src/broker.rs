@@ -1,0 +1,425 @@
+//! The broker's shared state and the operations connections call: connect (with takeover),
+//! subscribe, unsubscribe, publish, and what happens when a client goes away.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tokio_util::sync::CancellationToken;
+
+use braid_proto::topic::{parse_shared, valid_topic_filter};
+use braid_proto::{
+    ByteString, ConnAck, Connect, LastWill, Packet, Properties, ProtocolVersion, Publish, QoS,
+    ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
+};
+
+use crate::config::Config;
+use crate::control::ConnControl;
+use crate::message::{Delivery, Message};
+use crate::metrics::Metrics;
+use crate::retained::Retained;
+use crate::router::{Router, SubEntry};
+use crate::session::{Enqueued, Link, OutboundAliases, QueueLimits, Session, SubscriptionRecord};
+
+/// Everything the connections share.
+#[derive(Debug)]
+pub struct Broker {
+    /// Effective configuration.
+    pub config: Config,
+    /// Counters for `$SYS`.
+    pub metrics: Metrics,
+    /// When the broker started.
+    pub started: Instant,
+    /// Cancelled at shutdown; every connection's control is a child of it.
+    pub shutdown: CancellationToken,
+    sessions: Mutex<HashMap<ByteString, Arc<Session>>>,
+    router: RwLock<Router>,
+    retained: RwLock<Retained>,
+    next_session_id: AtomicU64,
+}
+
+/// A CONNECT the broker accepted: the session the connection now serves.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The session.
+    pub session: Arc<Session>,
+    /// The attachment's generation (see [`crate::session::SessionState::detach`]).
+    pub generation: u64,
+    /// The connection's close signal.
+    pub ctl: Arc<ConnControl>,
+    /// Keep alive in force, seconds (0 = none).
+    pub keep_alive: u16,
+}
+
+/// How a connection ended, for will and session handling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// DISCONNECT with reason 0x00: discard the will.
+    Normal,
+    /// DISCONNECT 0x04, a network error, a protocol error or a keep-alive timeout: send the will.
+    WithWill,
+    /// Taken over, or the broker is shutting down: the will was handled elsewhere.
+    Silent,
+}
+
+impl Broker {
+    /// A broker with `config`; call [`crate::server::Server`] to put it on the network.
+    pub fn new(config: Config) -> Arc<Broker> {
+        let strategy = config.shared.strategy;
+        Arc::new(Broker {
+            config,
+            metrics: Metrics::default(),
+            started: Instant::now(),
+            shutdown: CancellationToken::new(),
+            sessions: Mutex::new(HashMap::new()),
+            router: RwLock::new(Router::new(strategy)),
+            retained: RwLock::new(Retained::default()),
+            next_session_id: AtomicU64::new(1),
+        })
+    }
+
+    fn queue_limits(&self) -> QueueLimits {
+        let s = &self.config.session;
+        QueueLimits { max_messages: s.max_queued_messages, queue_qos0: s.queue_qos0, overflow: s.queue_overflow }
+    }
+
+    /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
+    /// (closing a connection that holds it), attaches this connection and queues CONNACK as its
+    /// first packet. `Err` carries the CONNACK reason to refuse with.
+    pub fn connect(self: &Arc<Self>, c: &Connect) -> Result<Accepted, ReasonCode> {
+        let cfg = &self.config;
+        let v5 = c.protocol.is_v5();
+        let mut props = Properties::default();
+        let mut client_id = c.client_id.clone();
+        if client_id.is_empty() {
+            if !cfg.mqtt.allow_empty_client_id || (!v5 && !c.clean_start) {
+                return Err(ReasonCode::ClientIdentifierNotValid);
+            }
+            client_id = ByteString::from(format!("braid-{:016x}", rand::random::<u64>()));
+            if v5 {
+                props.assigned_client_identifier = Some(client_id.clone());
+            }
+        } else if c.protocol == ProtocolVersion::V3_1 && client_id.len() > 23 {
+            return Err(ReasonCode::ClientIdentifierNotValid);
+        }
+        if c.properties.authentication_method.is_some() {
+            return Err(ReasonCode::BadAuthenticationMethod);
+        }
+        if let Some(will) = &c.will {
+            if !braid_proto::topic::valid_topic_name(&will.topic) {
+                return Err(ReasonCode::TopicNameInvalid);
+            }
+            if will.qos as u8 > cfg.mqtt.max_qos {
+                return Err(ReasonCode::QoSNotSupported);
+            }
+            if will.retain && !cfg.mqtt.retain_available {
+                return Err(ReasonCode::RetainNotSupported);
+            }
+        }
+
+        let mut keep_alive = c.keep_alive;
+        if v5 && (keep_alive == 0 || keep_alive > cfg.mqtt.max_keep_alive) {
+            keep_alive = cfg.mqtt.max_keep_alive;
+            props.server_keep_alive = Some(keep_alive);
+        }
+        let requested_expiry = if v5 {
+            c.properties.session_expiry_interval.unwrap_or(0)
+        } else if c.clean_start {
+            0
+        } else {
+            u32::MAX
+        };
+        let expiry = requested_expiry.min(cfg.session.max_session_expiry_secs);
+        if v5 {
+            if expiry != requested_expiry {
+                props.session_expiry_interval = Some(expiry);
+            }
+            props.receive_maximum = Some(cfg.mqtt.receive_maximum);
+            props.maximum_packet_size = Some(cfg.mqtt.max_packet_size);
+            props.topic_alias_maximum = Some(cfg.mqtt.topic_alias_maximum);
+            if cfg.mqtt.max_qos < 2 {
+                props.maximum_qos = Some(cfg.mqtt.max_qos);
+            }
+            if !cfg.mqtt.retain_available {
+                props.retain_available = Some(0);
+            }
+        }
+
+        let (session, session_present, old) = {
+            let mut sessions = self.sessions.lock();
+            let existing = sessions.get(&client_id).cloned();
+            match existing {
+                Some(s) if !c.clean_start => (s.clone(), true, Some((s, false))),
+                existing => {
+                    let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+                    let s = Arc::new(Session::new(id, client_id.clone(), self.queue_limits()));
+                    sessions.insert(client_id.clone(), s.clone());
+                    (s, false, existing.map(|old| (old, true)))
+                }
+            }
+        };
+        if let Some((old, discard)) = old {
+            self.take_over(&old, discard);
+        }
+
+        let ctl = Arc::new(ConnControl::new(&self.shutdown));
+        let window = if v5 { c.properties.receive_maximum.unwrap_or(u16::MAX) } else { u16::MAX };
+        let alias_max = match (v5, cfg.mqtt.server_topic_aliases) {
+            (true, true) => c.properties.topic_alias_maximum.unwrap_or(0),
+            _ => 0,
+        };
+        let link = Link {
+            generation: 0,
+            version: c.protocol,
+            max_packet_size: c.properties.maximum_packet_size.unwrap_or(u32::MAX),
+            window: usize::from(window.min(cfg.mqtt.max_inflight)),
+            aliases: OutboundAliases::new(alias_max),
+            control: vec![Packet::ConnAck(ConnAck { session_present, reason: ReasonCode::Success, properties: props })],
+            ctl: ctl.clone(),
+        };
+        let generation = {
+            let mut st = session.lock();
+            st.expiry_secs = expiry;
+            st.will = c.will.clone();
+            st.attach(link)
+        };
+        self.metrics.client_connected();
+        session.wake();
+        Ok(Accepted { session, generation, ctl, keep_alive })
+    }
+
+    /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
+    /// session (clean start). A will without delay is sent, as the old connection closed
+    /// without DISCONNECT; a delayed will is cancelled by the new connection.
+    fn take_over(&self, old: &Arc<Session>, discard: bool) {
+        let will = {
+            let mut st = old.lock();
+            if let Some(link) = st.link.take() {
+                link.ctl.close(ReasonCode::SessionTakenOver);
+                self.metrics.client_disconnected();
+            }
+            st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
+        };
+        if let Some(will) = will {
+            self.publish_will(old, will);
+        }
+        if discard {
+            self.drop_subscriptions(old);
+        }
+    }
+
+    /// Handles SUBSCRIBE: answers SUBACK, then queues matching retained messages.
+    pub fn subscribe(&self, session: &Arc<Session>, version: ProtocolVersion, sub: Subscribe) {
+        let sub_id = sub.properties.subscription_identifiers.first().copied();
+        let mut reasons = Vec::with_capacity(sub.filters.len());
+        let mut retained_for = Vec::new();
+        for (filter, mut options) in sub.filters {
+            let Some((inner, group)) = split_filter(&filter) else {
+                reasons.push(ReasonCode::TopicFilterInvalid);
+                continue;
+            };
+            options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
+            let entry = SubEntry { session: session.clone(), options, sub_id, merge_overlaps: !version.is_v5() };
+            let is_new = self.router.write().subscribe(inner, group, entry);
+            session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
+            reasons.push(match options.qos {
+                QoS::AtMostOnce => ReasonCode::Success,
+                QoS::AtLeastOnce => ReasonCode::GrantedQoS1,
+                QoS::ExactlyOnce => ReasonCode::GrantedQoS2,
+            });
+            let wants_retained = match options.retain_handling {
+                RetainHandling::SendAtSubscribe => true,
+                RetainHandling::SendIfNew => is_new,
+                RetainHandling::DoNotSend => false,
+            };
+            if group.is_none() && wants_retained {
+                retained_for.push((filter, options.qos));
+            }
+        }
+        let ack = SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons };
+        session.lock().reply(Packet::SubAck(ack));
+        let now = Instant::now();
+        for (filter, qos) in retained_for {
+            let matching = self.retained.read().matching(&filter, now);
+            for msg in matching {
+                let qos = qos.min(msg.qos);
+                self.deliver(session, Delivery { msg, qos, retain: true, sub_id });
+            }
+        }
+        session.wake();
+    }
+
+    /// Handles UNSUBSCRIBE and answers UNSUBACK.
+    pub fn unsubscribe(&self, session: &Arc<Session>, version: ProtocolVersion, unsub: Unsubscribe) {
+        let mut reasons = Vec::with_capacity(unsub.filters.len());
+        for filter in unsub.filters {
+            let reason = match split_filter(&filter) {
+                None => ReasonCode::TopicFilterInvalid,
+                Some((inner, group)) => {
+                    let existed = self.router.write().unsubscribe(inner, group, session.id);
+                    session.lock().subscriptions.remove(&filter);
+                    if existed {
+                        ReasonCode::Success
+                    } else {
+                        ReasonCode::NoSubscriptionExisted
+                    }
+                }
+            };
+            reasons.push(reason);
+        }
+        if !version.is_v5() {
+            reasons.clear();
+        }
+        let ack = UnsubAck { packet_id: unsub.packet_id, properties: Properties::default(), reasons };
+        session.lock().reply(Packet::UnsubAck(ack));
+        session.wake();
+    }
+
+    /// Stores (if retained) and routes a message to every matching subscription.
+    pub fn publish(&self, msg: Arc<Message>) {
+        if msg.retain {
+            self.retained.write().set(msg.clone());
+        }
+        let router = self.router.read();
+        let mut targets = Vec::new();
+        router.route(&msg, &mut targets);
+        if targets.len() > 1 && targets.iter().any(|e| e.merge_overlaps) {
+            merge_overlaps(&mut targets);
+        }
+        for e in targets {
+            let d = Delivery {
+                msg: msg.clone(),
+                qos: msg.qos.min(e.options.qos),
+                retain: msg.retain && e.options.retain_as_published,
+                sub_id: e.sub_id,
+            };
+            self.deliver(&e.session, d);
+        }
+    }
+
+    fn deliver(&self, session: &Session, d: Delivery) {
+        if matches!(session.deliver(d), Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
+            Metrics::add(&self.metrics.messages_dropped, 1);
+        }
+    }
+
+    /// A connection of `session` ended. Sends or schedules the will and ends or schedules the
+    /// end of the session, unless another connection took the session over.
+    pub fn disconnected(self: &Arc<Self>, session: &Arc<Session>, generation: u64, ending: Ending) {
+        let (will, expiry) = {
+            let mut st = session.lock();
+            if !st.detach(generation) {
+                return;
+            }
+            let will = st.will.take().filter(|_| ending == Ending::WithWill);
+            (will, st.expiry_secs)
+        };
+        self.metrics.client_disconnected();
+        if let Some(will) = will {
+            let delay = will.properties.will_delay_interval.unwrap_or(0).min(expiry);
+            if delay == 0 {
+                self.publish_will(session, will);
+            } else {
+                let broker = self.clone();
+                let session = session.clone();
+                self.after(delay, move || {
+                    if session.lock().generation == generation {
+                        broker.publish_will(&session, will);
+                    }
+                });
+            }
+        }
+        match expiry {
+            0 => self.end_session(session),
+            u32::MAX => {}
+            secs => {
+                let broker = self.clone();
+                let session = session.clone();
+                self.after(secs, move || {
+                    let still_offline = {
+                        let st = session.lock();
+                        st.generation == generation && !st.is_online()
+                    };
+                    if still_offline {
+                        broker.end_session(&session);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Runs `f` after `secs` seconds unless the broker shuts down first.
+    fn after(&self, secs: u32, f: impl FnOnce() + Send + 'static) {
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(u64::from(secs))) => f(),
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+
+    /// Removes the session from the registry (if it is still the registered one) and its
+    /// subscriptions from the router.
+    fn end_session(&self, session: &Arc<Session>) {
+        {
+            let mut sessions = self.sessions.lock();
+            if sessions.get(&session.client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
+                sessions.remove(&session.client_id);
+            }
+        }
+        self.drop_subscriptions(session);
+    }
+
+    fn drop_subscriptions(&self, session: &Arc<Session>) {
+        let filters: Vec<ByteString> = session.lock().subscriptions.drain().map(|(f, _)| f).collect();
+        let mut router = self.router.write();
+        for filter in &filters {
+            if let Some((inner, group)) = split_filter(filter) {
+                router.unsubscribe(inner, group, session.id);
+            }
+        }
+    }
+
+    fn publish_will(&self, session: &Session, will: LastWill) {
+        let mut properties = will.properties;
+        properties.will_delay_interval = None;
+        let p = Publish {
+            dup: false,
+            qos: will.qos,
+            retain: will.retain,
+            topic: will.topic,
+            packet_id: 0,
+            properties,
+            payload: will.payload,
+        };
+        self.publish(Message::from_publish(p, Instant::now(), session.id, session.client_id.clone()));
+    }
+
+    /// Removes expired retained messages.
+    pub fn purge_expired_retained(&self) {
+        self.retained.write().purge_expired(Instant::now());
+    }
+
+    /// Numbers for `$SYS`: (sessions known, subscriptions, retained messages).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.sessions.lock().len(), self.router.read().len(), self.retained.read().len())
+    }
+}
+
+/// `filter` split into the filter to match and the shared group, or None if invalid.
+fn split_filter(filter: &str) -> Option<(&str, Option<&str>)> {
+    match parse_shared(filter) {
+        Ok(Some(shared)) => Some((shared.filter, Some(shared.group))),
+        Ok(None) if valid_topic_filter(filter) => Some((filter, None)),
+        _ => None,
+    }
+}
+
+/// MQTT 3.1.x: one delivery per session for overlapping subscriptions, at the highest QoS.
+fn merge_overlaps(targets: &mut Vec<&SubEntry>) {
+    targets.sort_by_key(|e| (e.session.id, std::cmp::Reverse(e.options.qos)));
+    targets.dedup_by(|later, first| first.merge_overlaps && later.session.id == first.session.id);
+}

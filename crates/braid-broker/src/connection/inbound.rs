@@ -1,0 +1,156 @@
+//! What the broker does with each packet a connected client sends.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use braid_proto::{Ack, ByteString, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
+
+use crate::broker::{Broker, Ending};
+use crate::message::Message;
+use crate::metrics::Metrics;
+use crate::session::Session;
+
+/// What the read loop does after a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Keep reading.
+    Continue,
+    /// The client said DISCONNECT.
+    End(Ending),
+    /// Close the connection with this reason (sent in a v5 DISCONNECT).
+    Close(ReasonCode),
+}
+
+/// Per-connection inbound state.
+pub struct Inbound<'a> {
+    broker: &'a Arc<Broker>,
+    session: &'a Arc<Session>,
+    version: ProtocolVersion,
+    /// Topic aliases the client defined on this connection.
+    aliases: HashMap<u16, ByteString>,
+    /// A reply was queued: wake the writer once the buffered packets are handled.
+    replied: bool,
+}
+
+impl<'a> Inbound<'a> {
+    /// State for a connection that has just been accepted.
+    pub fn new(broker: &'a Arc<Broker>, session: &'a Arc<Session>, version: ProtocolVersion) -> Self {
+        Inbound { broker, session, version, aliases: HashMap::new(), replied: false }
+    }
+
+    /// Wakes the writer if any reply was queued since the last call.
+    pub fn flush(&mut self) {
+        if std::mem::take(&mut self.replied) {
+            self.session.wake();
+        }
+    }
+
+    fn reply(&mut self, p: Packet) {
+        self.session.lock().reply(p);
+        self.replied = true;
+    }
+
+    /// Handles one packet.
+    pub fn handle(&mut self, p: Packet) -> Flow {
+        match p {
+            Packet::Publish(p) => return self.publish(p),
+            Packet::PubAck(a) => {
+                self.session.lock().on_puback(a.packet_id);
+                self.replied = true;
+            }
+            Packet::PubRec(a) => {
+                self.session.lock().on_pubrec(&a);
+                self.replied = true;
+            }
+            Packet::PubComp(a) => {
+                self.session.lock().on_pubcomp(a.packet_id);
+                self.replied = true;
+            }
+            Packet::PubRel(a) => {
+                let known = self.session.lock().incoming_qos2.remove(&a.packet_id);
+                let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
+                self.reply(Packet::PubComp(Ack::with_reason(a.packet_id, reason)));
+            }
+            Packet::Subscribe(s) => self.broker.subscribe(self.session, self.version, s),
+            Packet::Unsubscribe(u) => self.broker.unsubscribe(self.session, self.version, u),
+            Packet::PingReq => self.reply(Packet::PingResp),
+            Packet::Disconnect(d) => return self.disconnect(d),
+            Packet::Connect(_) => return Flow::Close(ReasonCode::ProtocolError),
+            // No authentication method is configured, so AUTH has nothing to continue; packets
+            // only a server sends are errors too.
+            Packet::Auth(_)
+            | Packet::ConnAck(_)
+            | Packet::SubAck(_)
+            | Packet::UnsubAck(_)
+            | Packet::PingResp => return Flow::Close(ReasonCode::ProtocolError),
+        }
+        Flow::Continue
+    }
+
+    fn disconnect(&mut self, d: Disconnect) -> Flow {
+        if let Some(expiry) = d.properties.session_expiry_interval {
+            let mut st = self.session.lock();
+            // A session that was to end at disconnect may not be revived here (MQTT-3.14.2-2).
+            if st.expiry_secs == 0 && expiry != 0 {
+                return Flow::Close(ReasonCode::ProtocolError);
+            }
+            st.expiry_secs = expiry.min(self.broker.config.session.max_session_expiry_secs);
+        }
+        match d.reason {
+            ReasonCode::DisconnectWithWill => Flow::End(Ending::WithWill),
+            _ => Flow::End(Ending::Normal),
+        }
+    }
+
+    fn publish(&mut self, mut p: Publish) -> Flow {
+        let cfg = &self.broker.config.mqtt;
+        if let Some(alias) = p.properties.topic_alias {
+            if alias == 0 || alias > cfg.topic_alias_maximum {
+                return Flow::Close(ReasonCode::TopicAliasInvalid);
+            }
+            if p.topic.is_empty() {
+                match self.aliases.get(&alias) {
+                    Some(topic) => p.topic = topic.clone(),
+                    None => return Flow::Close(ReasonCode::ProtocolError),
+                }
+            } else {
+                self.aliases.insert(alias, p.topic.clone());
+            }
+        }
+        if p.qos as u8 > cfg.max_qos {
+            return Flow::Close(ReasonCode::QoSNotSupported);
+        }
+        if p.retain && !cfg.retain_available {
+            return Flow::Close(ReasonCode::RetainNotSupported);
+        }
+        Metrics::add(&self.broker.metrics.messages_received, 1);
+        let (qos, id) = (p.qos, p.packet_id);
+        let msg = || Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
+        match qos {
+            QoS::AtMostOnce => self.broker.publish(msg()),
+            QoS::AtLeastOnce => {
+                self.broker.publish(msg());
+                self.reply(Packet::PubAck(Ack::new(id)));
+            }
+            QoS::ExactlyOnce => {
+                let first = {
+                    let mut st = self.session.lock();
+                    if st.incoming_qos2.contains(&id) {
+                        false
+                    } else if st.incoming_qos2.len() >= usize::from(cfg.receive_maximum) {
+                        return Flow::Close(ReasonCode::ReceiveMaximumExceeded);
+                    } else {
+                        st.incoming_qos2.insert(id)
+                    }
+                };
+                // A PUBLISH resent before PUBREL is acknowledged again but not delivered twice.
+                if first {
+                    self.broker.publish(msg());
+                }
+                self.reply(Packet::PubRec(Ack::new(id)));
+            }
+        }
+        Flow::Continue
+    }
+}

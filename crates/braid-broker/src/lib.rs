@@ -1,0 +1,23 @@
+//! The Braid MQTT broker.
+//!
+//! Layers, top to bottom: [`server`] (listeners), [`connection`] (one client: reader and
+//! writer), [`session`] (sans-IO per-client state), [`router`] (topic trie and shared groups),
+//! [`retained`]. [`broker::Broker`] ties them together.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod broker;
+pub mod config;
+pub mod connection;
+pub mod control;
+pub mod message;
+pub mod metrics;
+pub mod retained;
+pub mod router;
+pub mod server;
+pub mod session;
+mod sys;
+
+pub use broker::Broker;
+pub use config::Config;
+pub use server::Server;

@@ -1,0 +1,93 @@
+//! A published message as the broker holds it: one allocation shared by every subscriber.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_proto::{Bytes, ByteString, Properties, Publish, QoS};
+
+/// A message on its way through the broker. Topic and payload are zero-copy slices of the
+/// publisher's read buffer; every queue holds an `Arc` to the same message.
+#[derive(Debug)]
+pub struct Message {
+    /// Topic name.
+    pub topic: ByteString,
+    /// Payload.
+    pub payload: Bytes,
+    /// QoS the publisher used.
+    pub qos: QoS,
+    /// RETAIN flag as published.
+    pub retain: bool,
+    /// Properties forwarded to subscribers (Topic Alias, Subscription Identifiers and Message
+    /// Expiry Interval removed; expiry is kept as `expires_at`).
+    pub properties: Properties,
+    /// When the message expires (v5 Message Expiry Interval).
+    pub expires_at: Option<Instant>,
+    /// Session id of the publisher (for No Local); 0 for messages the broker makes itself.
+    pub origin: u64,
+    /// Client id of the publisher (for the `hash_clientid` shared strategy); empty for the broker.
+    pub origin_client: ByteString,
+}
+
+impl Message {
+    /// Builds a message from an inbound PUBLISH (topic already resolved from any alias).
+    pub fn from_publish(p: Publish, now: Instant, origin: u64, origin_client: ByteString) -> Arc<Message> {
+        let mut properties = p.properties;
+        let expires_at = properties
+            .message_expiry_interval
+            .take()
+            .map(|secs| now + Duration::from_secs(u64::from(secs)));
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+        Arc::new(Message {
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            properties,
+            expires_at,
+            origin,
+            origin_client,
+        })
+    }
+
+    /// A message the broker publishes itself (`$SYS`).
+    pub fn internal(topic: ByteString, payload: Bytes, retain: bool) -> Arc<Message> {
+        Arc::new(Message {
+            topic,
+            payload,
+            qos: QoS::AtMostOnce,
+            retain,
+            properties: Properties::default(),
+            expires_at: None,
+            origin: 0,
+            origin_client: ByteString::new(),
+        })
+    }
+
+    /// True once the Message Expiry Interval has passed.
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+
+    /// Seconds left before expiry, rounded up, for the forwarded Message Expiry Interval.
+    pub fn remaining_expiry(&self, now: Instant) -> Option<u32> {
+        self.expires_at.map(|at| {
+            let left = at.saturating_duration_since(now);
+            let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            u32::try_from(secs).unwrap_or(u32::MAX)
+        })
+    }
+}
+
+/// One message bound for one subscription of one session.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The shared message.
+    pub msg: Arc<Message>,
+    /// QoS of this delivery: the lower of the message's and the subscription's.
+    pub qos: QoS,
+    /// RETAIN flag to send.
+    pub retain: bool,
+    /// Subscription Identifier of the matching subscription (v5).
+    pub sub_id: Option<u32>,
+}

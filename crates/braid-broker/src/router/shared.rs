@@ -1,0 +1,58 @@
+//! Shared-subscription groups and their member selection strategies.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::config::SharedStrategy;
+use crate::message::Message;
+
+use super::SubEntry;
+
+/// The members of one `$share/{group}/{filter}`.
+#[derive(Debug)]
+pub struct Group {
+    /// Group name (`$queue` for the legacy `$queue/` prefix).
+    pub name: Box<str>,
+    /// Members in join order.
+    pub members: Vec<SubEntry>,
+    cursor: AtomicUsize,
+}
+
+impl Group {
+    /// An empty group.
+    pub fn new(name: &str) -> Group {
+        Group { name: name.into(), members: Vec::new(), cursor: AtomicUsize::new(0) }
+    }
+
+    /// The member that gets `msg`. The strategy names a first choice; a member that is offline
+    /// or whose queue is full is passed over for the next one that can take the message, so
+    /// nothing is lost while any member can. With no such member, the first choice gets it
+    /// (an offline persistent member queues it).
+    pub fn pick(&self, strategy: SharedStrategy, msg: &Message) -> Option<&SubEntry> {
+        let n = self.members.len();
+        if n == 0 {
+            return None;
+        }
+        let first = match strategy {
+            SharedStrategy::RoundRobin => self.cursor.fetch_add(1, Ordering::Relaxed),
+            SharedStrategy::Random => rand::random::<usize>(),
+            SharedStrategy::HashClientid => hash(msg.origin_client.as_bytes()),
+            SharedStrategy::HashTopic => hash(msg.topic.as_bytes()),
+            SharedStrategy::Sticky => self.cursor.load(Ordering::Relaxed),
+        } % n;
+        let chosen = (0..n)
+            .map(|i| (first + i) % n)
+            .find(|&i| self.members[i].session.lock().can_accept())
+            .unwrap_or(first);
+        if strategy == SharedStrategy::Sticky && chosen != first {
+            self.cursor.store(chosen, Ordering::Relaxed);
+        }
+        Some(&self.members[chosen])
+    }
+}
+
+fn hash(bytes: &[u8]) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish() as usize
+}

@@ -1,0 +1,181 @@
+//! The subscription trie: one node per topic level, with `+` and `#` as their own branches.
+
+use std::collections::HashMap;
+
+use super::shared::Group;
+use super::SubEntry;
+
+/// The subscriptions that end at one place in the trie.
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// Normal subscriptions.
+    pub subs: Vec<SubEntry>,
+    /// Shared-subscription groups.
+    pub groups: Vec<Group>,
+}
+
+impl Slot {
+    fn is_empty(&self) -> bool {
+        self.subs.is_empty() && self.groups.is_empty()
+    }
+
+    /// Adds or replaces the session's entry. True if new.
+    fn insert(&mut self, group: Option<&str>, entry: SubEntry) -> bool {
+        let list = match group {
+            None => &mut self.subs,
+            Some(name) => {
+                let i = match self.groups.iter().position(|g| &*g.name == name) {
+                    Some(i) => i,
+                    None => {
+                        self.groups.push(Group::new(name));
+                        self.groups.len() - 1
+                    }
+                };
+                &mut self.groups[i].members
+            }
+        };
+        match list.iter_mut().find(|e| e.session.id == entry.session.id) {
+            Some(existing) => {
+                *existing = entry;
+                false
+            }
+            None => {
+                list.push(entry);
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, group: Option<&str>, session_id: u64) -> bool {
+        match group {
+            None => remove_session(&mut self.subs, session_id),
+            Some(name) => {
+                let Some(i) = self.groups.iter().position(|g| &*g.name == name) else {
+                    return false;
+                };
+                let removed = remove_session(&mut self.groups[i].members, session_id);
+                if self.groups[i].members.is_empty() {
+                    self.groups.swap_remove(i);
+                }
+                removed
+            }
+        }
+    }
+}
+
+fn remove_session(list: &mut Vec<SubEntry>, session_id: u64) -> bool {
+    let before = list.len();
+    list.retain(|e| e.session.id != session_id);
+    list.len() != before
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    children: HashMap<Box<str>, Node>,
+    plus: Option<Box<Node>>,
+    /// Filters that end at this level.
+    here: Slot,
+    /// Filters that end with `#` right below this level.
+    multi: Slot,
+}
+
+impl Node {
+    fn is_empty(&self) -> bool {
+        self.children.is_empty() && self.plus.is_none() && self.here.is_empty() && self.multi.is_empty()
+    }
+}
+
+/// Topic filters to subscriptions.
+#[derive(Debug, Default)]
+pub struct Trie {
+    root: Node,
+    len: usize,
+}
+
+impl Trie {
+    /// Adds or replaces a subscription to a valid `filter`. True if new.
+    pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
+        let mut node = &mut self.root;
+        let mut levels = filter.split('/').peekable();
+        while let Some(level) = levels.next() {
+            if level == "#" && levels.peek().is_none() {
+                let new = node.multi.insert(group, entry);
+                self.len += usize::from(new);
+                return new;
+            }
+            node = if level == "+" {
+                node.plus.get_or_insert_with(Default::default)
+            } else {
+                node.children.entry(level.into()).or_default()
+            };
+        }
+        let new = node.here.insert(group, entry);
+        self.len += usize::from(new);
+        new
+    }
+
+    /// Removes a session's subscription to `filter`, pruning empty branches. True if it existed.
+    pub fn remove(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> bool {
+        let levels: Vec<&str> = filter.split('/').collect();
+        let removed = remove_at(&mut self.root, &levels, group, session_id);
+        self.len -= usize::from(removed);
+        removed
+    }
+
+    /// Number of subscriptions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Calls `f` with every slot whose filter matches `topic`. Topics starting with `$` are not
+    /// matched by a first level of `+` or `#`.
+    pub fn matches<'a>(&'a self, topic: &str, f: &mut impl FnMut(&'a Slot)) {
+        let levels: Vec<&str> = topic.split('/').collect();
+        let wild_first = !topic.starts_with('$');
+        walk(&self.root, &levels, wild_first, f);
+    }
+}
+
+fn walk<'a>(node: &'a Node, levels: &[&str], wild: bool, f: &mut impl FnMut(&'a Slot)) {
+    if wild && !node.multi.is_empty() {
+        f(&node.multi);
+    }
+    match levels.split_first() {
+        None => {
+            if !node.here.is_empty() {
+                f(&node.here)
+            }
+        }
+        Some((level, rest)) => {
+            if let Some(child) = node.children.get(*level) {
+                walk(child, rest, true, f);
+            }
+            if let (true, Some(plus)) = (wild, &node.plus) {
+                walk(plus, rest, true, f);
+            }
+        }
+    }
+}
+
+fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: u64) -> bool {
+    match levels {
+        [] => node.here.remove(group, session_id),
+        ["#"] => node.multi.remove(group, session_id),
+        [level, rest @ ..] if *level == "+" => {
+            let Some(plus) = node.plus.as_mut() else { return false };
+            let removed = remove_at(plus, rest, group, session_id);
+            if plus.is_empty() {
+                node.plus = None;
+            }
+            removed
+        }
+        [level, rest @ ..] => {
+            let Some(child) = node.children.get_mut(*level) else { return false };
+            let removed = remove_at(child, rest, group, session_id);
+            if child.is_empty() {
+                node.children.remove(*level);
+            }
+            removed
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Listeners, the accept loop and graceful shutdown.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use crate::broker::Broker;
+use crate::config::Config;
+use crate::{connection, sys};
+
+/// A broker bound to its listeners, ready to run.
+pub struct Server {
+    broker: Arc<Broker>,
+    tcp: TcpListener,
+}
+
+impl Server {
+    /// Binds every configured listener.
+    pub async fn bind(config: Config) -> io::Result<Server> {
+        let addr = config.listeners.tcp;
+        let tcp = TcpListener::bind(addr)
+            .await
+            .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
+        Ok(Server { broker: Broker::new(config), tcp })
+    }
+
+    /// The address the MQTT/TCP listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.tcp.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The shared broker state.
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// Accepts clients until `broker().shutdown` is cancelled, then closes every connection
+    /// (v5 clients get DISCONNECT 0x8B) and returns.
+    pub async fn run(self) {
+        info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
+        tokio::spawn(sys::run(self.broker.clone()));
+        let shutdown = self.broker.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                accepted = self.tcp.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        let (rd, wr) = stream.into_split();
+                        tokio::spawn(connection::serve(self.broker.clone(), rd, wr, peer));
+                    }
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+        info!("shutting down");
+        // Give writers a moment to send their DISCONNECT.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

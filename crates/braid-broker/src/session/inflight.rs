@@ -1,0 +1,153 @@
+//! Outbound QoS 1/2 deliveries sent and not yet acknowledged, with packet id allocation.
+
+use std::collections::VecDeque;
+
+use crate::message::Delivery;
+
+/// Where an outbound QoS 1/2 delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
+    Published,
+    /// PUBREL sent; waiting for PUBCOMP.
+    Released,
+}
+
+/// One unacknowledged delivery.
+#[derive(Debug)]
+pub struct Entry {
+    /// Packet identifier.
+    pub packet_id: u16,
+    /// What was sent.
+    pub delivery: Delivery,
+    /// Where it stands.
+    pub stage: Stage,
+    /// Must be (re)sent on the current connection: new, or carried over from an earlier one.
+    pub unsent: bool,
+}
+
+/// The window of unacknowledged deliveries, in send order.
+#[derive(Debug, Default)]
+pub struct Inflight {
+    entries: VecDeque<Entry>,
+    next_id: u16,
+}
+
+impl Inflight {
+    /// Number of unacknowledged deliveries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Adds a delivery with a fresh packet id (one not in use) and returns that id.
+    pub fn push(&mut self, delivery: Delivery) -> u16 {
+        let id = self.free_id();
+        self.entries.push_back(Entry { packet_id: id, delivery, stage: Stage::Published, unsent: false });
+        id
+    }
+
+    fn free_id(&mut self) -> u16 {
+        loop {
+            self.next_id = self.next_id.wrapping_add(1);
+            if self.next_id == 0 {
+                continue;
+            }
+            let id = self.next_id;
+            if !self.entries.iter().any(|e| e.packet_id == id) {
+                return id;
+            }
+        }
+    }
+
+    fn position(&self, id: u16, stage: Stage) -> Option<usize> {
+        self.entries.iter().position(|e| e.packet_id == id && e.stage == stage)
+    }
+
+    /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. False if `id` is unknown.
+    pub fn complete(&mut self, id: u16, stage: Stage) -> bool {
+        match self.position(id, stage) {
+            Some(i) => {
+                self.entries.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// PUBREC for `id`: move it to the PUBREL stage. False if `id` is unknown.
+    pub fn release(&mut self, id: u16) -> bool {
+        match self.position(id, Stage::Published) {
+            Some(i) => {
+                self.entries[i].stage = Stage::Released;
+                true
+            }
+            None => self.position(id, Stage::Released).is_some(),
+        }
+    }
+
+    /// Marks every entry to be sent again (a client reconnected to the session).
+    pub fn mark_all_unsent(&mut self) {
+        for e in &mut self.entries {
+            e.unsent = true;
+        }
+    }
+
+    /// Entries that must be resent on this connection, oldest first, marked sent as returned.
+    pub fn take_unsent(&mut self) -> impl Iterator<Item = &Entry> + '_ {
+        self.entries.iter_mut().filter(|e| e.unsent).map(|e| {
+            e.unsent = false;
+            &*e
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Message;
+    use braid_proto::{ByteString, Bytes, QoS};
+
+    fn delivery() -> Delivery {
+        Delivery {
+            msg: Message::internal(ByteString::from_static("t"), Bytes::new(), false),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            sub_id: None,
+        }
+    }
+
+    #[test]
+    fn ids_skip_zero_and_ids_in_use() {
+        let mut w = Inflight { next_id: u16::MAX - 1, ..Default::default() };
+        assert_eq!(w.push(delivery()), u16::MAX);
+        assert_eq!(w.push(delivery()), 1);
+        w.next_id = 0;
+        assert_eq!(w.push(delivery()), 2, "1 is in use");
+    }
+
+    #[test]
+    fn qos2_moves_through_release_to_complete() {
+        let mut w = Inflight::default();
+        let id = w.push(delivery());
+        assert!(!w.complete(id, Stage::Released), "PUBCOMP before PUBREC is unknown");
+        assert!(w.release(id));
+        assert!(w.release(id), "a repeated PUBREC is harmless");
+        assert!(w.complete(id, Stage::Released));
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn resume_resends_everything_once() {
+        let mut w = Inflight::default();
+        w.push(delivery());
+        w.push(delivery());
+        w.mark_all_unsent();
+        assert_eq!(w.take_unsent().count(), 2);
+        assert_eq!(w.take_unsent().count(), 0);
+    }
+}

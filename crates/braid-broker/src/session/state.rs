@@ -1,0 +1,263 @@
+//! The sans-IO state of one session: subscriptions, queue, in-flight window, inbound QoS 2
+//! ids, and (while a client is attached) the connection's outbound state. Packets and time go
+//! in, encoded bytes come out; nothing here touches a socket or a clock.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use braid_proto::{
+    encode, encoded_len, Ack, ByteString, BytesMut, LastWill, Packet, Properties,
+    ProtocolVersion, Publish, QoS, ReasonCode, SubscriptionOptions,
+};
+
+use super::alias::{AliasUse, OutboundAliases};
+use super::inflight::{Inflight, Stage};
+use super::queue::{Enqueued, Queue, QueueLimits};
+use crate::control::ConnControl;
+use crate::message::Delivery;
+
+/// A subscription as the session remembers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriptionRecord {
+    /// Options from SUBSCRIBE.
+    pub options: SubscriptionOptions,
+    /// v5 Subscription Identifier.
+    pub sub_id: Option<u32>,
+}
+
+/// The outbound side of the connection currently attached to the session.
+#[derive(Debug)]
+pub struct Link {
+    /// Which attachment this is; a stale connection compares it before touching the session.
+    pub generation: u64,
+    /// Protocol version of the connection.
+    pub version: ProtocolVersion,
+    /// The client's Maximum Packet Size.
+    pub max_packet_size: u32,
+    /// Unacknowledged QoS 1/2 deliveries allowed (client Receive Maximum, capped by config).
+    pub window: usize,
+    /// Server-assigned topic aliases.
+    pub aliases: OutboundAliases,
+    /// Replies (CONNACK, acks, SUBACK, PINGRESP ...) waiting to be written.
+    pub control: Vec<Packet>,
+    /// Closes the connection (takeover, protocol error, shutdown).
+    pub ctl: Arc<ConnControl>,
+}
+
+/// What one call of [`SessionState::poll_transmit`] produced.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// PUBLISH packets encoded.
+    pub published: u64,
+    /// Deliveries dropped (expired, or too large for the client).
+    pub dropped: u64,
+    /// More is ready but the byte budget was reached: call again after writing.
+    pub more: bool,
+}
+
+/// All state of one session.
+#[derive(Debug)]
+pub struct SessionState {
+    /// Subscriptions by full filter (including any `$share/group/` prefix).
+    pub subscriptions: HashMap<ByteString, SubscriptionRecord>,
+    /// Deliveries waiting for the window or for the client.
+    pub queue: Queue,
+    /// Outbound QoS 1/2 awaiting acknowledgement.
+    pub inflight: Inflight,
+    /// Inbound QoS 2 packet ids received and not yet released (exactly-once).
+    pub incoming_qos2: HashSet<u16>,
+    /// The attached connection, if the client is online.
+    pub link: Option<Link>,
+    /// Session Expiry Interval in seconds (`u32::MAX` never expires).
+    pub expiry_secs: u32,
+    /// Will message of the attached (or last) connection, with its delay.
+    pub will: Option<LastWill>,
+    /// Attachments so far; the current link carries the latest.
+    pub generation: u64,
+    /// Deliveries this session has dropped (queue full, expired, too large).
+    pub dropped: u64,
+}
+
+impl SessionState {
+    /// A fresh session with the given queue limits.
+    pub fn new(limits: QueueLimits) -> SessionState {
+        SessionState {
+            subscriptions: HashMap::new(),
+            queue: Queue::new(limits),
+            inflight: Inflight::default(),
+            incoming_qos2: HashSet::new(),
+            link: None,
+            expiry_secs: 0,
+            will: None,
+            generation: 0,
+            dropped: 0,
+        }
+    }
+
+    /// True while connection `generation` is the attached one.
+    pub fn is_attached(&self, generation: u64) -> bool {
+        self.link.as_ref().is_some_and(|l| l.generation == generation)
+    }
+
+    /// True while a client is attached.
+    pub fn is_online(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// Attaches a new connection; unacknowledged deliveries will be resent with DUP.
+    /// Returns the new generation.
+    pub fn attach(&mut self, mut link: Link) -> u64 {
+        self.generation += 1;
+        link.generation = self.generation;
+        self.link = Some(link);
+        self.inflight.mark_all_unsent();
+        self.generation
+    }
+
+    /// Detaches connection `generation` if it is still the attached one; QoS 0 deliveries
+    /// waiting for it are dropped unless the session queues QoS 0. True if it was attached.
+    pub fn detach(&mut self, generation: u64) -> bool {
+        if self.is_attached(generation) {
+            self.link = None;
+            self.queue.drop_qos0();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Offers a delivery to the session.
+    pub fn enqueue(&mut self, d: Delivery) -> Enqueued {
+        let r = self.queue.push(d, self.is_online());
+        if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
+            self.dropped += 1;
+        }
+        r
+    }
+
+    /// True if the session can take a delivery now (used to pick a shared-subscription member).
+    pub fn can_accept(&self) -> bool {
+        self.is_online() && !self.queue.is_full()
+    }
+
+    /// Queues a reply to the attached client. Dropped if nobody is attached.
+    pub fn reply(&mut self, p: Packet) {
+        if let Some(link) = self.link.as_mut() {
+            link.control.push(p);
+        }
+    }
+
+    /// PUBACK from the client. False if the id is unknown.
+    pub fn on_puback(&mut self, id: u16) -> bool {
+        self.inflight.complete(id, Stage::Published)
+    }
+
+    /// PUBREC from the client: answer PUBREL (or finish, if the client refused the message).
+    /// False if the id is unknown.
+    pub fn on_pubrec(&mut self, ack: &Ack) -> bool {
+        if ack.reason.is_error() {
+            return self.inflight.complete(ack.packet_id, Stage::Published);
+        }
+        let known = self.inflight.release(ack.packet_id);
+        let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
+        self.reply(Packet::PubRel(Ack::with_reason(ack.packet_id, reason)));
+        known
+    }
+
+    /// PUBCOMP from the client. False if the id is unknown.
+    pub fn on_pubcomp(&mut self, id: u16) -> bool {
+        self.inflight.complete(id, Stage::Released)
+    }
+
+    /// Encodes what is ready for the attached client into `buf`, stopping once `buf` holds
+    /// `budget` bytes: replies first, then resends of unacknowledged deliveries (DUP), then
+    /// queued deliveries while the in-flight window has room.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut BytesMut, budget: usize) -> Transmit {
+        let mut t = Transmit::default();
+        let Some(link) = self.link.as_mut() else {
+            return t;
+        };
+        let version = link.version;
+        for p in link.control.drain(..) {
+            // Replies are small and well-formed; the only failure is AUTH on 3.1.x, never built.
+            let _ = encode(&p, version, buf);
+        }
+        for e in self.inflight.take_unsent() {
+            let p = match e.stage {
+                Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
+                    Some(p) => Packet::Publish(p),
+                    None => continue,
+                },
+                Stage::Released => Packet::PubRel(Ack::new(e.packet_id)),
+            };
+            let _ = encode(&p, version, buf);
+        }
+        while let Some(front) = self.queue.front() {
+            if buf.len() >= budget {
+                t.more = true;
+                break;
+            }
+            if front.qos != QoS::AtMostOnce && self.inflight.len() >= link.window {
+                break;
+            }
+            let Some(d) = self.queue.pop() else { break };
+            if d.msg.is_expired(now) {
+                t.dropped += 1;
+                continue;
+            }
+            let Some(mut p) = publish_packet(link, &d, 1, false, now) else {
+                t.dropped += 1;
+                continue;
+            };
+            if d.qos != QoS::AtMostOnce {
+                p.packet_id = self.inflight.push(d);
+            }
+            let _ = encode(&Packet::Publish(p), version, buf);
+            t.published += 1;
+        }
+        self.dropped += t.dropped;
+        t
+    }
+}
+
+/// Bytes a Topic Alias property adds to a PUBLISH.
+const ALIAS_PROPERTY_LEN: usize = 3;
+
+/// The PUBLISH for one delivery on this link, with expiry, subscription id and topic alias
+/// applied; `None` if it exceeds the client's Maximum Packet Size (the spec says drop it).
+fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now: Instant) -> Option<Publish> {
+    let msg = &d.msg;
+    let mut p = Publish {
+        dup: dup && d.qos != QoS::AtMostOnce,
+        qos: d.qos,
+        retain: d.retain,
+        topic: msg.topic.clone(),
+        packet_id: if d.qos == QoS::AtMostOnce { 0 } else { packet_id.max(1) },
+        properties: Properties::default(),
+        payload: msg.payload.clone(),
+    };
+    if link.version.is_v5() {
+        p.properties = msg.properties.clone();
+        p.properties.message_expiry_interval = msg.remaining_expiry(now);
+        p.properties.subscription_identifiers.extend(d.sub_id);
+    }
+    let p = Packet::Publish(p);
+    let len = encoded_len(&p, link.version);
+    let Packet::Publish(mut p) = p else { unreachable!("built as a PUBLISH above") };
+    let max = link.max_packet_size as usize;
+    if len > max {
+        return None;
+    }
+    if link.version.is_v5() && len + ALIAS_PROPERTY_LEN <= max {
+        match link.aliases.lookup(&msg.topic) {
+            AliasUse::None => {}
+            AliasUse::Define(a) => p.properties.topic_alias = Some(a),
+            AliasUse::Reuse(a) => {
+                p.properties.topic_alias = Some(a);
+                p.topic = ByteString::new();
+            }
+        }
+    }
+    Some(p)
+}

@@ -1,0 +1,22 @@
+//! Sans-IO MQTT codec for protocol versions 3.1 ("MQIsdp"), 3.1.1 and 5.0.
+//!
+//! [`decode`] turns bytes from a read buffer into a [`Packet`] whose topic and payload are
+//! zero-copy slices of that buffer; [`encode`] writes a packet into a write buffer. Nothing here
+//! does I/O or reads a clock, so every function can be fuzzed and tested in isolation.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod codec;
+mod error;
+mod packet;
+mod properties;
+mod reason;
+pub mod topic;
+
+pub use bytes::{Bytes, BytesMut};
+pub use bytestring::ByteString;
+pub use codec::{decode, encode, encoded_len};
+pub use error::{DecodeError, EncodeError};
+pub use packet::*;
+pub use properties::Properties;
+pub use reason::ReasonCode;

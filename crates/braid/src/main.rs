@@ -1,0 +1,92 @@
+//! `braid`: the MQTT broker (`serve`), and later the client and benchmark tools.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use braid_broker::{Config, Server};
+
+#[derive(Parser)]
+#[command(name = "braid", version, about = "Braid: an MQTT 3.1, 3.1.1 and 5.0 broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker (no config needed: embedded defaults, MQTT on 0.0.0.0:1883).
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML configuration file (see docs/configuration.md).
+    #[arg(short, long, env = "BRAID_CONFIG")]
+    config: Option<PathBuf>,
+    /// MQTT/TCP listen address; overrides listeners.tcp.
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// Override one key: --set mqtt.max_inflight=100 (repeatable; value in TOML syntax).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let mut overrides = args.set;
+    if let Some(listen) = args.listen {
+        overrides.push(format!("listeners.tcp=\"{listen}\""));
+    }
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("braid: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_from_env("BRAID_LOG").unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("braid: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let server = match Server::bind(config).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("braid: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let shutdown = server.broker().shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            shutdown.cancel();
+        });
+        server.run().await;
+        ExitCode::SUCCESS
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
