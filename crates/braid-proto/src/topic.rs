@@ -133,7 +133,16 @@ mod tests {
 
     #[test]
     fn topic_names() {
-        for name in ["a", "/", "sport/tennis/player1", "sport/", "/finance", "$SYS/x", "a b", "é/ü"] {
+        for name in [
+            "a",
+            "/",
+            "sport/tennis/player1",
+            "sport/",
+            "/finance",
+            "$SYS/x",
+            "a b",
+            "é/ü",
+        ] {
             assert!(valid_topic_name(name), "{name}");
         }
         for name in ["", "+", "#", "a/+", "a/#", "a+", "a\0b"] {
@@ -185,7 +194,10 @@ mod tests {
         let yes = [
             ("sport/tennis/player1/#", "sport/tennis/player1"),
             ("sport/tennis/player1/#", "sport/tennis/player1/ranking"),
-            ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon"),
+            (
+                "sport/tennis/player1/#",
+                "sport/tennis/player1/score/wimbledon",
+            ),
             ("sport/#", "sport"),
             ("sport/#", "sport/"),
             ("#", "sport/tennis"),
@@ -237,15 +249,41 @@ mod tests {
     fn shared_filters() {
         assert_eq!(
             parse_shared("$share/g1/sport/#"),
-            Ok(Some(SharedFilter { group: "g1", filter: "sport/#" }))
+            Ok(Some(SharedFilter {
+                group: "g1",
+                filter: "sport/#"
+            }))
         );
-        assert_eq!(parse_shared("$share/g/+"), Ok(Some(SharedFilter { group: "g", filter: "+" })));
+        assert_eq!(
+            parse_shared("$share/g/+"),
+            Ok(Some(SharedFilter {
+                group: "g",
+                filter: "+"
+            }))
+        );
         assert_eq!(
             parse_shared("$queue/a/b"),
-            Ok(Some(SharedFilter { group: "$queue", filter: "a/b" }))
+            Ok(Some(SharedFilter {
+                group: "$queue",
+                filter: "a/b"
+            }))
         );
-        assert_eq!(parse_shared("$queue/#"), Ok(Some(SharedFilter { group: "$queue", filter: "#" })));
-        for ordinary in ["sport/#", "$SYS/#", "#", "$sharefoo/a", "$share_/a/b", "a/$share/g/b", "$queuex/a"] {
+        assert_eq!(
+            parse_shared("$queue/#"),
+            Ok(Some(SharedFilter {
+                group: "$queue",
+                filter: "#"
+            }))
+        );
+        for ordinary in [
+            "sport/#",
+            "$SYS/#",
+            "#",
+            "$sharefoo/a",
+            "$share_/a/b",
+            "a/$share/g/b",
+            "$queuex/a",
+        ] {
             assert_eq!(parse_shared(ordinary), Ok(None), "{ordinary}");
         }
     }

@@ -74,3 +74,123 @@ impl Router {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OverflowPolicy;
+    use crate::session::QueueLimits;
+    use braid_proto::{ByteString, Bytes, QoS};
+
+    fn session(id: u64) -> Arc<Session> {
+        let limits = QueueLimits { max_messages: 10, queue_qos0: false, overflow: OverflowPolicy::DropNewest };
+        Arc::new(Session::new(id, ByteString::from(format!("c{id}")), limits))
+    }
+
+    fn entry(s: &Arc<Session>) -> SubEntry {
+        SubEntry { session: s.clone(), options: SubscriptionOptions::default(), sub_id: None, merge_overlaps: false }
+    }
+
+    fn msg(topic: &str) -> Message {
+        let m = Message::internal(ByteString::from(topic), Bytes::new(), false);
+        Arc::try_unwrap(m).unwrap()
+    }
+
+    fn routed(r: &Router, topic: &str) -> Vec<u64> {
+        let mut out = Vec::new();
+        r.route(&msg(topic), &mut out);
+        let mut ids: Vec<u64> = out.iter().map(|e| e.session.id).collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn wildcards_match_by_level() {
+        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let filters = ["a/b", "a/+", "a/#", "#", "+/+/c", "a/+/c/#", "b"];
+        let sessions: Vec<_> = (1..=filters.len() as u64).map(session).collect();
+        for (f, s) in filters.iter().zip(&sessions) {
+            assert!(r.subscribe(f, None, entry(s)));
+        }
+        assert_eq!(routed(&r, "a/b"), [1, 2, 3, 4]);
+        assert_eq!(routed(&r, "a"), [3, 4], "a/# matches its parent level");
+        assert_eq!(routed(&r, "a/x/c"), [3, 4, 5, 6]);
+        assert_eq!(routed(&r, "a/x/c/d/e"), [3, 4, 6]);
+        assert_eq!(routed(&r, "b"), [4, 7]);
+        assert_eq!(routed(&r, "a//c"), [3, 4, 5, 6], "empty levels are levels");
+    }
+
+    #[test]
+    fn dollar_topics_skip_leading_wildcards() {
+        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let (s1, s2, s3) = (session(1), session(2), session(3));
+        r.subscribe("#", None, entry(&s1));
+        r.subscribe("+/broker/uptime", None, entry(&s2));
+        r.subscribe("$SYS/#", None, entry(&s3));
+        assert_eq!(routed(&r, "$SYS/broker/uptime"), [3]);
+    }
+
+    #[test]
+    fn resubscribe_replaces_and_unsubscribe_prunes() {
+        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let s = session(1);
+        assert!(r.subscribe("a/+/c", None, entry(&s)));
+        assert!(!r.subscribe("a/+/c", None, entry(&s)), "same filter again replaces");
+        assert_eq!(r.len(), 1);
+        assert!(r.unsubscribe("a/+/c", None, 1));
+        assert!(!r.unsubscribe("a/+/c", None, 1));
+        assert!(r.is_empty());
+        assert!(routed(&r, "a/b/c").is_empty());
+    }
+
+    #[test]
+    fn no_local_skips_the_publisher() {
+        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let s = session(7);
+        let mut e = entry(&s);
+        e.options.no_local = true;
+        r.subscribe("t", None, e);
+        let mut m = msg("t");
+        m.origin = 7;
+        let mut out = Vec::new();
+        r.route(&m, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn shared_group_gets_one_member_per_message_and_skips_offline_members() {
+        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let (a, b) = (session(1), session(2));
+        r.subscribe("t", Some("g"), entry(&a));
+        r.subscribe("t", Some("g"), entry(&b));
+        // Both offline: round robin alternates between first choices.
+        let picks: Vec<Vec<u64>> = (0..4).map(|_| routed(&r, "t")).collect();
+        assert_eq!(picks, [vec![1], vec![2], vec![1], vec![2]]);
+        // Only b online: b gets everything.
+        let l = crate::session::Link {
+            generation: 0,
+            version: braid_proto::ProtocolVersion::V5,
+            max_packet_size: u32::MAX,
+            window: 10,
+            aliases: crate::session::OutboundAliases::new(0),
+            control: Vec::new(),
+            ctl: Arc::new(crate::control::ConnControl::new(&Default::default())),
+        };
+        b.lock().attach(l);
+        assert!((0..4).all(|_| routed(&r, "t") == [2]));
+    }
+
+    #[test]
+    fn hash_topic_is_stable_per_topic() {
+        let mut r = Router::new(SharedStrategy::HashTopic);
+        let sessions: Vec<_> = (1..=3).map(session).collect();
+        for s in &sessions {
+            r.subscribe("t/+", Some("g"), entry(s));
+        }
+        for topic in ["t/1", "t/2", "t/3"] {
+            let first = routed(&r, topic);
+            assert_eq!(first.len(), 1);
+            assert!((0..5).all(|_| routed(&r, topic) == first));
+        }
+    }
+}

@@ -261,3 +261,189 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
     }
     Some(p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OverflowPolicy;
+    use crate::message::Message;
+    use braid_proto::{decode, Bytes};
+    use tokio_util::sync::CancellationToken;
+
+    fn limits(max: usize) -> QueueLimits {
+        QueueLimits { max_messages: max, queue_qos0: false, overflow: OverflowPolicy::DropNewest }
+    }
+
+    fn link(version: ProtocolVersion, window: usize, alias_max: u16) -> Link {
+        Link {
+            generation: 0,
+            version,
+            max_packet_size: u32::MAX,
+            window,
+            aliases: OutboundAliases::new(alias_max),
+            control: Vec::new(),
+            ctl: Arc::new(ConnControl::new(&CancellationToken::new())),
+        }
+    }
+
+    fn delivery(topic: &'static str, qos: QoS) -> Delivery {
+        Delivery {
+            msg: Message::internal(ByteString::from_static(topic), Bytes::from_static(b"payload"), false),
+            qos,
+            retain: false,
+            sub_id: None,
+        }
+    }
+
+    /// Runs poll_transmit and decodes what it wrote.
+    fn transmit(st: &mut SessionState, now: Instant) -> Vec<Packet> {
+        let version = st.link.as_ref().unwrap().version;
+        let mut buf = BytesMut::new();
+        st.poll_transmit(now, &mut buf, usize::MAX);
+        let mut out = Vec::new();
+        while let Some(p) = decode(&mut buf, version, u32::MAX).unwrap() {
+            out.push(p);
+        }
+        out
+    }
+
+    fn publishes(packets: &[Packet]) -> Vec<&Publish> {
+        packets.iter().filter_map(|p| if let Packet::Publish(p) = p { Some(p) } else { None }).collect()
+    }
+
+    #[test]
+    fn window_limits_unacked_deliveries_and_acks_open_it() {
+        let mut st = SessionState::new(limits(100));
+        st.attach(link(ProtocolVersion::V5, 2, 0));
+        for _ in 0..5 {
+            st.enqueue(delivery("t", QoS::AtLeastOnce));
+        }
+        let sent = transmit(&mut st, Instant::now());
+        let ids: Vec<u16> = publishes(&sent).iter().map(|p| p.packet_id).collect();
+        assert_eq!(ids.len(), 2, "Receive Maximum 2 allows two in flight");
+        assert!(transmit(&mut st, Instant::now()).is_empty());
+        assert!(st.on_puback(ids[0]));
+        assert!(!st.on_puback(ids[0]), "a second PUBACK for the same id is unknown");
+        assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 1);
+    }
+
+    #[test]
+    fn qos0_flows_without_using_the_window() {
+        let mut st = SessionState::new(limits(100));
+        st.attach(link(ProtocolVersion::V3_1_1, 1, 0));
+        for _ in 0..3 {
+            st.enqueue(delivery("t", QoS::AtMostOnce));
+        }
+        let sent = transmit(&mut st, Instant::now());
+        assert!(publishes(&sent).iter().all(|p| p.packet_id == 0 && p.qos == QoS::AtMostOnce));
+        assert_eq!(sent.len(), 3);
+    }
+
+    #[test]
+    fn resume_resends_unacked_with_dup_and_pubrel_for_released() {
+        let mut st = SessionState::new(limits(100));
+        let g = st.attach(link(ProtocolVersion::V3_1_1, 10, 0));
+        st.enqueue(delivery("a", QoS::AtLeastOnce));
+        st.enqueue(delivery("b", QoS::ExactlyOnce));
+        let sent = transmit(&mut st, Instant::now());
+        let first = publishes(&sent).iter().map(|p| (p.packet_id, p.dup)).collect::<Vec<_>>();
+        assert_eq!(first.iter().filter(|(_, dup)| *dup).count(), 0);
+        let qos2_id = first[1].0;
+        st.on_pubrec(&Ack::new(qos2_id));
+        assert!(matches!(transmit(&mut st, Instant::now())[..], [Packet::PubRel(_)]));
+        assert!(st.detach(g));
+        st.attach(link(ProtocolVersion::V3_1_1, 10, 0));
+        let again = transmit(&mut st, Instant::now());
+        assert!(matches!(&again[0], Packet::Publish(p) if p.dup && p.packet_id == first[0].0));
+        assert!(matches!(&again[1], Packet::PubRel(a) if a.packet_id == qos2_id));
+        assert!(st.on_pubcomp(qos2_id));
+    }
+
+    #[test]
+    fn offline_session_queues_qos1_not_qos0_and_counts_overflow() {
+        let mut st = SessionState::new(limits(2));
+        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::SkippedOffline);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
+        assert_eq!(st.enqueue(delivery("t", QoS::ExactlyOnce)), Enqueued::Queued);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::DroppedFull);
+        assert_eq!(st.dropped, 1);
+        st.attach(link(ProtocolVersion::V5, 10, 0));
+        assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 2);
+    }
+
+    #[test]
+    fn expired_messages_are_dropped_and_expiry_is_decremented() {
+        let mut st = SessionState::new(limits(10));
+        st.attach(link(ProtocolVersion::V5, 10, 0));
+        let now = Instant::now();
+        let mut props = Properties::default();
+        props.message_expiry_interval = Some(10);
+        let make = |props: Properties| Publish {
+            qos: QoS::AtLeastOnce,
+            topic: ByteString::from_static("t"),
+            packet_id: 1,
+            properties: props,
+            ..Default::default()
+        };
+        let live = Message::from_publish(make(props.clone()), now, 1, ByteString::new());
+        props.message_expiry_interval = Some(1);
+        let dead = Message::from_publish(make(props), now, 1, ByteString::new());
+        for msg in [dead, live] {
+            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None });
+        }
+        let later = now + std::time::Duration::from_secs(4);
+        let sent = transmit(&mut st, later);
+        let p = publishes(&sent);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].properties.message_expiry_interval, Some(6));
+        assert_eq!(st.dropped, 1);
+    }
+
+    #[test]
+    fn too_large_for_the_client_is_dropped_for_that_client_only() {
+        let mut st = SessionState::new(limits(10));
+        let mut l = link(ProtocolVersion::V5, 10, 0);
+        l.max_packet_size = 20;
+        st.attach(l);
+        let mut big = delivery("t", QoS::AtLeastOnce);
+        big.msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0u8; 100]), false);
+        st.enqueue(big);
+        st.enqueue(delivery("t", QoS::AtLeastOnce));
+        let sent = transmit(&mut st, Instant::now());
+        assert_eq!(publishes(&sent).len(), 1);
+        assert_eq!(st.dropped, 1);
+        assert_eq!(st.inflight.len(), 1, "the dropped message took no packet id");
+    }
+
+    #[test]
+    fn server_topic_alias_defined_then_reused() {
+        let mut st = SessionState::new(limits(10));
+        st.attach(link(ProtocolVersion::V5, 10, 5));
+        st.enqueue(delivery("sensors/1", QoS::AtMostOnce));
+        st.enqueue(delivery("sensors/1", QoS::AtMostOnce));
+        let sent = transmit(&mut st, Instant::now());
+        let p = publishes(&sent);
+        assert_eq!((&*p[0].topic, p[0].properties.topic_alias), ("sensors/1", Some(1)));
+        assert_eq!((&*p[1].topic, p[1].properties.topic_alias), ("", Some(1)));
+    }
+
+    #[test]
+    fn v3_links_carry_no_properties_and_replies_come_first() {
+        let mut st = SessionState::new(limits(10));
+        st.attach(link(ProtocolVersion::V3_1_1, 10, 5));
+        st.enqueue(delivery("t", QoS::AtMostOnce));
+        st.reply(Packet::PingResp);
+        let sent = transmit(&mut st, Instant::now());
+        assert!(matches!(sent[0], Packet::PingResp));
+        assert!(matches!(&sent[1], Packet::Publish(p) if p.properties.is_empty() && &*p.topic == "t"));
+    }
+
+    #[test]
+    fn stale_connection_cannot_detach_a_newer_one() {
+        let mut st = SessionState::new(limits(10));
+        let old = st.attach(link(ProtocolVersion::V5, 10, 0));
+        let new = st.attach(link(ProtocolVersion::V5, 10, 0));
+        assert!(!st.detach(old));
+        assert!(st.is_attached(new));
+    }
+}

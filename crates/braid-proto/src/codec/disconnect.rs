@@ -17,7 +17,10 @@ pub(super) fn decode_disconnect(
 ) -> Result<Disconnect, DecodeError> {
     if !version.is_v5() {
         r.finish()?;
-        return Ok(Disconnect { reason: ReasonCode::Success, properties: Properties::default() });
+        return Ok(Disconnect {
+            reason: ReasonCode::Success,
+            properties: Properties::default(),
+        });
     }
     let (reason, properties) = Tail::read(r, Context::Disconnect)?;
     Ok(Disconnect { reason, properties })
@@ -60,7 +63,12 @@ impl Body for Disconnect {
 
 impl Auth {
     fn tail(&self) -> Tail<'_> {
-        Tail { reason: self.reason, properties: &self.properties, ctx: Context::Auth, reason_only: false }
+        Tail {
+            reason: self.reason,
+            properties: &self.properties,
+            ctx: Context::Auth,
+            reason_only: false,
+        }
     }
 }
 
@@ -101,19 +109,32 @@ mod tests {
             assert_eq!(round_trip_as(&full, version, &normal), [0xE0, 0x00]);
         }
         assert_eq!(round_trip(&normal, V5), [0xE0, 0x00]);
-        round_trip_as(&full, V5, &disconnect(ReasonCode::ServerShuttingDown, allowed::disconnect()));
+        round_trip_as(
+            &full,
+            V5,
+            &disconnect(ReasonCode::ServerShuttingDown, allowed::disconnect()),
+        );
         let with_will = disconnect(ReasonCode::DisconnectWithWill, Properties::default());
         assert_eq!(round_trip(&with_will, V5), [0xE0, 0x01, 0x04]);
     }
 
     #[test]
     fn disconnect_short_forms_decode() {
-        assert_eq!(decode_one(&[0xE0, 0x00], V5), Ok(disconnect(ReasonCode::Success, Properties::default())));
+        assert_eq!(
+            decode_one(&[0xE0, 0x00], V5),
+            Ok(disconnect(ReasonCode::Success, Properties::default()))
+        );
         assert_eq!(
             decode_one(&[0xE0, 0x02, 0x8E, 0x00], V5),
-            Ok(disconnect(ReasonCode::SessionTakenOver, Properties::default()))
+            Ok(disconnect(
+                ReasonCode::SessionTakenOver,
+                Properties::default()
+            ))
         );
-        let expiry = Properties { session_expiry_interval: Some(5), ..Properties::default() };
+        let expiry = Properties {
+            session_expiry_interval: Some(5),
+            ..Properties::default()
+        };
         assert_eq!(
             decode_one(&[0xE0, 0x07, 0x00, 0x05, 0x11, 0, 0, 0, 5], V5),
             Ok(disconnect(ReasonCode::Success, expiry))
@@ -139,7 +160,11 @@ mod tests {
         assert_eq!(round_trip(&cont, V5), [0xF0, 0x02, 0x18, 0x00]);
         assert_eq!(decode_one(&[0xF0, 0x01, 0x18], V5), Ok(cont));
         let full = auth(ReasonCode::ReAuthenticate, all_properties());
-        round_trip_as(&full, V5, &auth(ReasonCode::ReAuthenticate, allowed::auth()));
+        round_trip_as(
+            &full,
+            V5,
+            &auth(ReasonCode::ReAuthenticate, allowed::auth()),
+        );
     }
 
     #[test]

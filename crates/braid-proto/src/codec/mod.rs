@@ -88,7 +88,11 @@ fn parse_first_byte(byte: u8, version: ProtocolVersion) -> Result<Kind, DecodeEr
             if dup && qos == QoS::AtMostOnce && !legacy {
                 return Err(DecodeError::Malformed("PUBLISH with QoS 0 and DUP set"));
             }
-            return Ok(Kind::Publish(PublishFlags { dup, qos, retain: flags & 1 != 0 }));
+            return Ok(Kind::Publish(PublishFlags {
+                dup,
+                qos,
+                retain: flags & 1 != 0,
+            }));
         }
         4 => Kind::PubAck,
         5 => Kind::PubRec,
@@ -144,7 +148,10 @@ pub fn decode(
     let header_len = 1 + len_bytes;
     let size = header_len + remaining;
     if size > max_packet_size as usize {
-        return Err(DecodeError::TooLarge { size, max: max_packet_size });
+        return Err(DecodeError::TooLarge {
+            size,
+            max: max_packet_size,
+        });
     }
     if buf.len() < size {
         return Ok(None);
@@ -186,9 +193,7 @@ fn first_byte(packet: &Packet) -> u8 {
     match packet {
         Packet::Connect(_) => 0x10,
         Packet::ConnAck(_) => 0x20,
-        Packet::Publish(p) => {
-            0x30 | u8::from(p.dup) << 3 | (p.qos as u8) << 1 | u8::from(p.retain)
-        }
+        Packet::Publish(p) => 0x30 | u8::from(p.dup) << 3 | (p.qos as u8) << 1 | u8::from(p.retain),
         Packet::PubAck(_) => 0x40,
         Packet::PubRec(_) => 0x50,
         Packet::PubRel(_) => 0x62,
@@ -271,8 +276,11 @@ mod tests {
     use super::*;
     use crate::ReasonCode;
 
-    const VERSIONS: [ProtocolVersion; 3] =
-        [ProtocolVersion::V3_1, ProtocolVersion::V3_1_1, ProtocolVersion::V5];
+    const VERSIONS: [ProtocolVersion; 3] = [
+        ProtocolVersion::V3_1,
+        ProtocolVersion::V3_1_1,
+        ProtocolVersion::V5,
+    ];
 
     #[test]
     fn empty_buffer_needs_more() {
@@ -304,7 +312,10 @@ mod tests {
         let mut buf = BytesMut::from(&[0x30, 0xFF, 0xFF, 0x7F][..]);
         assert_eq!(
             decode(&mut buf, ProtocolVersion::V5, 1024),
-            Err(DecodeError::TooLarge { size: 4 + 2_097_151, max: 1024 })
+            Err(DecodeError::TooLarge {
+                size: 4 + 2_097_151,
+                max: 1024
+            })
         );
         // The limit counts the fixed header: a 10 byte packet fits 10 but not 9.
         let packet = [0xC0, 0x08, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -369,8 +380,14 @@ mod tests {
             assert_malformed(&[0x36, 0x05, 0x00, 0x01, b'a', 0x00, 0x01], version);
         }
         // QoS 0 with DUP.
-        assert_malformed(&[0x38, 0x04, 0x00, 0x01, b'a', b'x'], ProtocolVersion::V3_1_1);
-        assert_malformed(&[0x38, 0x05, 0x00, 0x01, b'a', 0x00, b'x'], ProtocolVersion::V5);
+        assert_malformed(
+            &[0x38, 0x04, 0x00, 0x01, b'a', b'x'],
+            ProtocolVersion::V3_1_1,
+        );
+        assert_malformed(
+            &[0x38, 0x05, 0x00, 0x01, b'a', 0x00, b'x'],
+            ProtocolVersion::V5,
+        );
         let Packet::Publish(p) =
             decode_one(&[0x38, 0x04, 0x00, 0x01, b'a', b'x'], ProtocolVersion::V3_1).unwrap()
         else {
@@ -384,7 +401,10 @@ mod tests {
         let mut buf = BytesMut::new();
         let packets = [
             Packet::PingReq,
-            Packet::PubAck(crate::Ack::with_reason(7, ReasonCode::NoMatchingSubscribers)),
+            Packet::PubAck(crate::Ack::with_reason(
+                7,
+                ReasonCode::NoMatchingSubscribers,
+            )),
             Packet::PingResp,
         ];
         for packet in &packets {
@@ -392,7 +412,12 @@ mod tests {
         }
         buf.extend_from_slice(&[0x30]);
         for packet in &packets {
-            assert_eq!(decode(&mut buf, ProtocolVersion::V5, u32::MAX).unwrap().as_ref(), Some(packet));
+            assert_eq!(
+                decode(&mut buf, ProtocolVersion::V5, u32::MAX)
+                    .unwrap()
+                    .as_ref(),
+                Some(packet)
+            );
         }
         assert_eq!(decode(&mut buf, ProtocolVersion::V5, u32::MAX), Ok(None));
         assert_eq!(&buf[..], [0x30]);
@@ -413,7 +438,10 @@ mod tests {
         });
         for version in [ProtocolVersion::V3_1, ProtocolVersion::V3_1_1] {
             let mut buf = BytesMut::from(&b"x"[..]);
-            assert_eq!(encode(&auth, version, &mut buf), Err(EncodeError::Unsupported));
+            assert_eq!(
+                encode(&auth, version, &mut buf),
+                Err(EncodeError::Unsupported)
+            );
             assert_eq!(&buf[..], b"x");
         }
         let long = crate::ByteString::from("a".repeat(65_536));
@@ -437,7 +465,10 @@ mod tests {
             ..Default::default()
         });
         let mut buf = BytesMut::new();
-        assert_eq!(encode(&publish, ProtocolVersion::V3_1_1, &mut buf), Err(EncodeError::TooLarge));
+        assert_eq!(
+            encode(&publish, ProtocolVersion::V3_1_1, &mut buf),
+            Err(EncodeError::TooLarge)
+        );
         assert!(buf.is_empty());
     }
 }

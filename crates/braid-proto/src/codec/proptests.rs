@@ -13,8 +13,11 @@ use crate::{
     Subscribe, SubscriptionOptions,
 };
 
-const VERSIONS: [ProtocolVersion; 3] =
-    [ProtocolVersion::V3_1, ProtocolVersion::V3_1_1, ProtocolVersion::V5];
+const VERSIONS: [ProtocolVersion; 3] = [
+    ProtocolVersion::V3_1,
+    ProtocolVersion::V3_1_1,
+    ProtocolVersion::V5,
+];
 
 /// Any string a UTF-8 Encoded String may hold (no U+0000).
 fn string() -> impl Strategy<Value = ByteString> {
@@ -31,7 +34,11 @@ fn binary() -> impl Strategy<Value = Bytes> {
 }
 
 fn qos() -> impl Strategy<Value = QoS> {
-    prop_oneof![Just(QoS::AtMostOnce), Just(QoS::AtLeastOnce), Just(QoS::ExactlyOnce)]
+    prop_oneof![
+        Just(QoS::AtMostOnce),
+        Just(QoS::AtLeastOnce),
+        Just(QoS::ExactlyOnce)
+    ]
 }
 
 fn flag() -> impl Strategy<Value = Option<u8>> {
@@ -58,17 +65,19 @@ fn publish_properties() -> impl Strategy<Value = Properties> {
         option::of(1..=u16::MAX),
         user_properties(),
     )
-        .prop_map(|(pfi, expiry, content, response, correlation, ids, alias, users)| Properties {
-            payload_format_indicator: pfi,
-            message_expiry_interval: expiry,
-            content_type: content,
-            response_topic: response,
-            correlation_data: correlation,
-            subscription_identifiers: ids,
-            topic_alias: alias,
-            user_properties: users,
-            ..Properties::default()
-        })
+        .prop_map(
+            |(pfi, expiry, content, response, correlation, ids, alias, users)| Properties {
+                payload_format_indicator: pfi,
+                message_expiry_interval: expiry,
+                content_type: content,
+                response_topic: response,
+                correlation_data: correlation,
+                subscription_identifiers: ids,
+                topic_alias: alias,
+                user_properties: users,
+                ..Properties::default()
+            },
+        )
 }
 
 /// Properties a CONNECT may carry.
@@ -84,8 +93,8 @@ fn connect_properties() -> impl Strategy<Value = Properties> {
         option::of(1..=u32::MAX),
         user_properties(),
     )
-        .prop_map(|(expiry, method, data, problem, response, receive, alias, size, users)| {
-            Properties {
+        .prop_map(
+            |(expiry, method, data, problem, response, receive, alias, size, users)| Properties {
                 session_expiry_interval: expiry,
                 authentication_method: method,
                 authentication_data: data,
@@ -96,8 +105,8 @@ fn connect_properties() -> impl Strategy<Value = Properties> {
                 maximum_packet_size: size,
                 user_properties: users,
                 ..Properties::default()
-            }
-        })
+            },
+        )
 }
 
 /// Properties a CONNECT will may carry.
@@ -129,7 +138,15 @@ fn if_v5(
 }
 
 fn publish(version: ProtocolVersion) -> impl Strategy<Value = Publish> {
-    (qos(), any::<bool>(), any::<bool>(), topic_name(), 1..=u16::MAX, if_v5(version, publish_properties()), binary())
+    (
+        qos(),
+        any::<bool>(),
+        any::<bool>(),
+        topic_name(),
+        1..=u16::MAX,
+        if_v5(version, publish_properties()),
+        binary(),
+    )
         .prop_map(|(qos, dup, retain, topic, id, properties, payload)| {
             let at_most_once = qos == QoS::AtMostOnce;
             Publish {
@@ -153,21 +170,49 @@ fn options(version: ProtocolVersion) -> impl Strategy<Value = SubscriptionOption
     ];
     (qos(), any::<bool>(), any::<bool>(), retain_handling).prop_map(move |(qos, nl, rap, rh)| {
         if v5 {
-            SubscriptionOptions { qos, no_local: nl, retain_as_published: rap, retain_handling: rh }
+            SubscriptionOptions {
+                qos,
+                no_local: nl,
+                retain_as_published: rap,
+                retain_handling: rh,
+            }
         } else {
-            SubscriptionOptions { qos, ..SubscriptionOptions::default() }
+            SubscriptionOptions {
+                qos,
+                ..SubscriptionOptions::default()
+            }
         }
     })
 }
 
 fn subscribe(version: ProtocolVersion) -> impl Strategy<Value = Subscribe> {
-    (1..=u16::MAX, if_v5(version, subscribe_properties()), vec((string(), options(version)), 1..4))
-        .prop_map(|(packet_id, properties, filters)| Subscribe { packet_id, properties, filters })
+    (
+        1..=u16::MAX,
+        if_v5(version, subscribe_properties()),
+        vec((string(), options(version)), 1..4),
+    )
+        .prop_map(|(packet_id, properties, filters)| Subscribe {
+            packet_id,
+            properties,
+            filters,
+        })
 }
 
 fn connect(version: ProtocolVersion) -> impl Strategy<Value = Connect> {
-    let will = (topic_name(), binary(), qos(), any::<bool>(), if_v5(version, will_properties()))
-        .prop_map(|(topic, payload, qos, retain, properties)| LastWill { topic, payload, qos, retain, properties });
+    let will = (
+        topic_name(),
+        binary(),
+        qos(),
+        any::<bool>(),
+        if_v5(version, will_properties()),
+    )
+        .prop_map(|(topic, payload, qos, retain, properties)| LastWill {
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+        });
     (
         any::<bool>(),
         any::<u16>(),
@@ -177,11 +222,26 @@ fn connect(version: ProtocolVersion) -> impl Strategy<Value = Connect> {
         option::of(string()),
         option::of(binary()),
     )
-        .prop_map(move |(clean_start, keep_alive, properties, client_id, will, username, password)| {
-            // 3.1.x has no password without a user name.
-            let password = if version.is_v5() || username.is_some() { password } else { None };
-            Connect { protocol: version, clean_start, keep_alive, properties, client_id, will, username, password }
-        })
+        .prop_map(
+            move |(clean_start, keep_alive, properties, client_id, will, username, password)| {
+                // 3.1.x has no password without a user name.
+                let password = if version.is_v5() || username.is_some() {
+                    password
+                } else {
+                    None
+                };
+                Connect {
+                    protocol: version,
+                    clean_start,
+                    keep_alive,
+                    properties,
+                    client_id,
+                    will,
+                    username,
+                    password,
+                }
+            },
+        )
 }
 
 /// Encodes `packet`, checks `encoded_len`, and decodes it back.
@@ -208,11 +268,15 @@ fn decode_all(bytes: &[u8], version: ProtocolVersion, max: u32) {
 fn any_valid() -> impl Strategy<Value = (Packet, ProtocolVersion)> {
     prop_oneof![
         publish(ProtocolVersion::V5).prop_map(|p| (Packet::Publish(p), ProtocolVersion::V5)),
-        publish(ProtocolVersion::V3_1_1).prop_map(|p| (Packet::Publish(p), ProtocolVersion::V3_1_1)),
+        publish(ProtocolVersion::V3_1_1)
+            .prop_map(|p| (Packet::Publish(p), ProtocolVersion::V3_1_1)),
         subscribe(ProtocolVersion::V5).prop_map(|p| (Packet::Subscribe(p), ProtocolVersion::V5)),
-        subscribe(ProtocolVersion::V3_1_1).prop_map(|p| (Packet::Subscribe(p), ProtocolVersion::V3_1_1)),
-        connect(ProtocolVersion::V5).prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V5)),
-        connect(ProtocolVersion::V3_1).prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V3_1)),
+        subscribe(ProtocolVersion::V3_1_1)
+            .prop_map(|p| (Packet::Subscribe(p), ProtocolVersion::V3_1_1)),
+        connect(ProtocolVersion::V5)
+            .prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V5)),
+        connect(ProtocolVersion::V3_1)
+            .prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V3_1)),
     ]
 }
 
