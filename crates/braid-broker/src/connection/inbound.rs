@@ -126,6 +126,17 @@ impl<'a> Inbound<'a> {
         }
         Metrics::add(&self.broker.metrics.messages_received, 1);
         let (qos, id) = (p.qos, p.packet_id);
+        if is_sys_topic(&p.topic) {
+            // Only the broker publishes under $SYS: acknowledge (v5: Not authorized) and drop.
+            Metrics::add(&self.broker.metrics.messages_dropped, 1);
+            let ack = Ack::with_reason(id, ReasonCode::NotAuthorized);
+            match qos {
+                QoS::AtMostOnce => {}
+                QoS::AtLeastOnce => self.reply(Packet::PubAck(ack)),
+                QoS::ExactlyOnce => self.reply(Packet::PubRec(ack)),
+            }
+            return Flow::Continue;
+        }
         let msg = || Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
         match qos {
             QoS::AtMostOnce => self.broker.publish(msg()),
@@ -153,4 +164,9 @@ impl<'a> Inbound<'a> {
         }
         Flow::Continue
     }
+}
+
+/// True for `$SYS` and everything below it.
+fn is_sys_topic(topic: &str) -> bool {
+    topic.strip_prefix("$SYS").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }

@@ -23,34 +23,50 @@ pub(super) struct Tail<'a> {
     pub(super) reason_only: bool,
 }
 
+/// The three layouts of a [`Tail`].
+enum Form {
+    /// Nothing: Success without properties.
+    Empty,
+    /// The reason code alone.
+    ReasonOnly,
+    /// The reason code, then the properties block with this Property Length.
+    Full(usize),
+}
+
 impl Tail<'_> {
-    /// The Property Length and whether the reason and properties are written at all.
-    fn layout(&self) -> (usize, bool, bool) {
+    fn form(&self) -> Form {
         let props_len = properties_len(self.properties, self.ctx);
-        let with_props = props_len > 0 || (self.reason != ReasonCode::Success && !self.reason_only);
-        let with_reason = with_props || self.reason != ReasonCode::Success;
-        (props_len, with_reason, with_props)
+        if props_len > 0 || (self.reason != ReasonCode::Success && !self.reason_only) {
+            Form::Full(props_len)
+        } else if self.reason != ReasonCode::Success {
+            Form::ReasonOnly
+        } else {
+            Form::Empty
+        }
     }
 
     /// Bytes the tail takes.
     pub(super) fn len(&self) -> usize {
-        match self.layout() {
-            (props_len, _, true) => 1 + varint_len(props_len) + props_len,
-            (_, true, false) => 1,
-            (_, false, false) => 0,
+        match self.form() {
+            Form::Empty => 0,
+            Form::ReasonOnly => 1,
+            Form::Full(props_len) => 1 + varint_len(props_len) + props_len,
         }
     }
 
     /// Writes the tail.
     pub(super) fn write(&self, buf: &mut BytesMut) -> Result<(), EncodeError> {
-        let (_, with_reason, with_props) = self.layout();
-        if with_reason {
-            buf.put_u8(self.reason as u8);
+        match self.form() {
+            Form::Empty => Ok(()),
+            Form::ReasonOnly => {
+                buf.put_u8(self.reason as u8);
+                Ok(())
+            }
+            Form::Full(_) => {
+                buf.put_u8(self.reason as u8);
+                write_properties(self.properties, self.ctx, buf)
+            }
         }
-        if with_props {
-            write_properties(self.properties, self.ctx, buf)?;
-        }
-        Ok(())
     }
 
     /// Reads a tail that runs to the end of the packet: nothing means Success, one byte is the

@@ -1,0 +1,80 @@
+"""MQTT 5 flow control and size limits: Receive Maximum both ways, Maximum Packet Size both ways."""
+import time
+
+import pytest
+
+import raw_v5 as r
+from helpers import unique
+from v5util import connect_props, raw5, rc, v5  # noqa: F401  (fixtures)
+
+
+def test_receive_maximum_limits_unacked_qos1_to_subscriber(broker, raw5, v5):
+    topic = unique("rmax")
+    sub = raw5(broker)
+    sub.connect5(unique("s"), props=[(r.RECEIVE_MAXIMUM, 2)])
+    sub.send(r.subscribe(1, [(topic, 1)]))
+    sub.expect(r.SUBACK)
+    pub = v5(broker)
+    for i in range(9):
+        pub.publish(topic, f"m{i}".encode(), qos=1, wait=False)
+    pub.publish(topic, b"m9", qos=1)  # all accepted by the broker (PUBACK) before we read
+    window = sub.publishes(3.0, auto_ack=False, n=2)
+    assert len(window) == 2
+    assert sub.publishes(0.7, auto_ack=False) == [], "more than Receive Maximum unacked QoS 1 messages"
+    payloads = [p.payload for p in window]
+    unacked = [p.pid for p in window]
+    deadline = time.monotonic() + 5
+    while len(payloads) < 10 and time.monotonic() < deadline:
+        sub.send(r.ack(r.PUBACK, unacked.pop(0)))  # free one slot: exactly one more may come
+        more = sub.publishes(0.5, auto_ack=False, n=1)
+        for p in more:
+            payloads.append(p.payload)
+            unacked.append(p.pid)
+        assert len(unacked) <= 2, f"{len(unacked)} unacked QoS 1 messages in flight"
+        if not more and not unacked:
+            break
+    assert payloads == [f"m{i}".encode() for i in range(10)]
+
+
+@pytest.mark.braid_only  # Mosquitto answers PUBREC 0x97 (Quota exceeded) and keeps the connection
+def test_exceeding_server_receive_maximum_disconnects_with_0x93(make_broker, raw5, v5):
+    b = make_broker(braid={"mqtt.receive_maximum": 2}, mosquitto=["max_inflight_messages 2"])
+    bystander = v5(b)
+    c = raw5(b)
+    ack = c.connect5(unique("rm"))
+    assert ack.prop(r.RECEIVE_MAXIMUM) == 2
+    topic = unique("rmin")
+    for pid in (1, 2, 3):  # QoS 2, never released: 3 in flight against a maximum of 2
+        c.send(r.publish(topic, b"x", qos=2, pid=pid))
+    seen = c.closed_after(3)
+    disconnects = [p for p in seen if p.type == r.DISCONNECT]
+    assert [p.reason for p in disconnects] == [0x93], seen
+    assert bystander.is_connected()
+
+
+def test_subscriber_maximum_packet_size_skips_larger_messages(broker, v5):
+    topic = unique("mps")
+    sub = v5(broker, properties=connect_props(MaximumPacketSize=100))
+    sub.subscribe(topic, qos=1)
+    pub = v5(broker)
+    pub.publish(topic, b"B" * 1000, qos=1)
+    pub.publish(topic, b"small msg!", qos=1)
+    assert [m.payload for m in sub.collect(0.7)] == [b"small msg!"]
+    assert sub.is_connected()
+
+
+def test_publisher_exceeding_broker_maximum_packet_size_is_disconnected(make_broker, v5):
+    b = make_broker(braid={"mqtt.max_packet_size": 1000}, mosquitto=["max_packet_size 1000"])
+    topic = unique("mps-in")
+    bystander = v5(b)
+    bystander.subscribe(topic, qos=1)
+    pub = v5(b)
+    assert pub.connack.properties.MaximumPacketSize == 1000
+    pub.publish(topic, b"fits", qos=1)
+    pub.publish(topic, b"X" * 1200, qos=0)
+    assert rc(pub.wait_disconnected()) == 0x95  # Packet too large
+    assert bystander.get_message().payload == b"fits"
+    bystander.expect_no_message(0.3)
+    v5(b).publish(topic, b"still works", qos=1)
+    assert bystander.get_message().payload == b"still works"
+    assert bystander.is_connected()
