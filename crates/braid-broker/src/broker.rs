@@ -82,7 +82,11 @@ impl Broker {
 
     fn queue_limits(&self) -> QueueLimits {
         let s = &self.config.session;
-        QueueLimits { max_messages: s.max_queued_messages, queue_qos0: s.queue_qos0, overflow: s.queue_overflow }
+        QueueLimits {
+            max_messages: s.max_queued_messages,
+            queue_qos0: s.queue_qos0,
+            overflow: s.queue_overflow,
+        }
     }
 
     /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
@@ -165,7 +169,11 @@ impl Broker {
         }
 
         let ctl = Arc::new(ConnControl::new(&self.shutdown));
-        let window = if v5 { c.properties.receive_maximum.unwrap_or(u16::MAX) } else { u16::MAX };
+        let window = if v5 {
+            c.properties.receive_maximum.unwrap_or(u16::MAX)
+        } else {
+            u16::MAX
+        };
         let alias_max = match (v5, cfg.mqtt.server_topic_aliases) {
             (true, true) => c.properties.topic_alias_maximum.unwrap_or(0),
             _ => 0,
@@ -176,7 +184,11 @@ impl Broker {
             max_packet_size: c.properties.maximum_packet_size.unwrap_or(u32::MAX),
             window: usize::from(window.min(cfg.mqtt.max_inflight)),
             aliases: OutboundAliases::new(alias_max),
-            control: vec![Packet::ConnAck(ConnAck { session_present, reason: ReasonCode::Success, properties: props })],
+            control: vec![Packet::ConnAck(ConnAck {
+                session_present,
+                reason: ReasonCode::Success,
+                properties: props,
+            })],
             ctl: ctl.clone(),
         };
         let generation = {
@@ -187,7 +199,12 @@ impl Broker {
         };
         self.metrics.client_connected();
         session.wake();
-        Ok(Accepted { session, generation, ctl, keep_alive })
+        Ok(Accepted {
+            session,
+            generation,
+            ctl,
+            keep_alive,
+        })
     }
 
     /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
@@ -200,7 +217,9 @@ impl Broker {
                 link.ctl.close(ReasonCode::SessionTakenOver);
                 self.metrics.client_disconnected();
             }
-            st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
+            st.will
+                .take()
+                .filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
         };
         if let Some(will) = will {
             self.publish_will(old, will);
@@ -220,10 +239,20 @@ impl Broker {
                 reasons.push(ReasonCode::TopicFilterInvalid);
                 continue;
             };
-            options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
-            let entry = SubEntry { session: session.clone(), options, sub_id, merge_overlaps: !version.is_v5() };
+            options.qos = options
+                .qos
+                .min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
+            let entry = SubEntry {
+                session: session.clone(),
+                options,
+                sub_id,
+                merge_overlaps: !version.is_v5(),
+            };
             let is_new = self.router.write().subscribe(inner, group, entry);
-            session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
+            session
+                .lock()
+                .subscriptions
+                .insert(filter.clone(), SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
                 QoS::AtMostOnce => ReasonCode::Success,
                 QoS::AtLeastOnce => ReasonCode::GrantedQoS1,
@@ -238,21 +267,38 @@ impl Broker {
                 retained_for.push((filter, options.qos));
             }
         }
-        let ack = SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons };
+        let ack = SubAck {
+            packet_id: sub.packet_id,
+            properties: Properties::default(),
+            reasons,
+        };
         session.lock().reply(Packet::SubAck(ack));
         let now = Instant::now();
         for (filter, qos) in retained_for {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                self.deliver(session, Delivery { msg, qos, retain: true, sub_id });
+                self.deliver(
+                    session,
+                    Delivery {
+                        msg,
+                        qos,
+                        retain: true,
+                        sub_id,
+                    },
+                );
             }
         }
         session.wake();
     }
 
     /// Handles UNSUBSCRIBE and answers UNSUBACK.
-    pub fn unsubscribe(&self, session: &Arc<Session>, version: ProtocolVersion, unsub: Unsubscribe) {
+    pub fn unsubscribe(
+        &self,
+        session: &Arc<Session>,
+        version: ProtocolVersion,
+        unsub: Unsubscribe,
+    ) {
         let mut reasons = Vec::with_capacity(unsub.filters.len());
         for filter in unsub.filters {
             let reason = match split_filter(&filter) {
@@ -272,7 +318,11 @@ impl Broker {
         if !version.is_v5() {
             reasons.clear();
         }
-        let ack = UnsubAck { packet_id: unsub.packet_id, properties: Properties::default(), reasons };
+        let ack = UnsubAck {
+            packet_id: unsub.packet_id,
+            properties: Properties::default(),
+            reasons,
+        };
         session.lock().reply(Packet::UnsubAck(ack));
         session.wake();
     }
@@ -300,7 +350,10 @@ impl Broker {
     }
 
     fn deliver(&self, session: &Session, d: Delivery) {
-        if matches!(session.deliver(d), Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
+        if matches!(
+            session.deliver(d),
+            Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest
+        ) {
             Metrics::add(&self.metrics.messages_dropped, 1);
         }
     }
@@ -366,7 +419,10 @@ impl Broker {
     fn end_session(&self, session: &Arc<Session>) {
         {
             let mut sessions = self.sessions.lock();
-            if sessions.get(&session.client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
+            if sessions
+                .get(&session.client_id)
+                .is_some_and(|s| Arc::ptr_eq(s, session))
+            {
                 sessions.remove(&session.client_id);
             }
         }
@@ -374,7 +430,12 @@ impl Broker {
     }
 
     fn drop_subscriptions(&self, session: &Arc<Session>) {
-        let filters: Vec<ByteString> = session.lock().subscriptions.drain().map(|(f, _)| f).collect();
+        let filters: Vec<ByteString> = session
+            .lock()
+            .subscriptions
+            .drain()
+            .map(|(f, _)| f)
+            .collect();
         let mut router = self.router.write();
         for filter in &filters {
             if let Some((inner, group)) = split_filter(filter) {
@@ -395,7 +456,12 @@ impl Broker {
             properties,
             payload: will.payload,
         };
-        self.publish(Message::from_publish(p, Instant::now(), session.id, session.client_id.clone()));
+        self.publish(Message::from_publish(
+            p,
+            Instant::now(),
+            session.id,
+            session.client_id.clone(),
+        ));
     }
 
     /// Removes expired retained messages.
@@ -405,7 +471,11 @@ impl Broker {
 
     /// Numbers for `$SYS`: (sessions known, subscriptions, retained messages).
     pub fn counts(&self) -> (usize, usize, usize) {
-        (self.sessions.lock().len(), self.router.read().len(), self.retained.read().len())
+        (
+            self.sessions.lock().len(),
+            self.router.read().len(),
+            self.retained.read().len(),
+        )
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use braid_proto::{Bytes, ByteString, Properties, Publish, QoS};
+use braid_proto::{ByteString, Bytes, Properties, Publish, QoS};
 
 /// A message on its way through the broker. Topic and payload are zero-copy slices of the
 /// publisher's read buffer; every queue holds an `Arc` to the same message.
@@ -30,7 +30,12 @@ pub struct Message {
 
 impl Message {
     /// Builds a message from an inbound PUBLISH (topic already resolved from any alias).
-    pub fn from_publish(p: Publish, now: Instant, origin: u64, origin_client: ByteString) -> Arc<Message> {
+    pub fn from_publish(
+        p: Publish,
+        now: Instant,
+        origin: u64,
+        origin_client: ByteString,
+    ) -> Arc<Message> {
         let mut properties = p.properties;
         let expires_at = properties
             .message_expiry_interval

@@ -35,8 +35,18 @@ pub struct Inbound<'a> {
 
 impl<'a> Inbound<'a> {
     /// State for a connection that has just been accepted.
-    pub fn new(broker: &'a Arc<Broker>, session: &'a Arc<Session>, version: ProtocolVersion) -> Self {
-        Inbound { broker, session, version, aliases: HashMap::new(), replied: false }
+    pub fn new(
+        broker: &'a Arc<Broker>,
+        session: &'a Arc<Session>,
+        version: ProtocolVersion,
+    ) -> Self {
+        Inbound {
+            broker,
+            session,
+            version,
+            aliases: HashMap::new(),
+            replied: false,
+        }
     }
 
     /// Wakes the writer if any reply was queued since the last call.
@@ -69,7 +79,11 @@ impl<'a> Inbound<'a> {
             }
             Packet::PubRel(a) => {
                 let known = self.session.lock().incoming_qos2.remove(&a.packet_id);
-                let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
+                let reason = if known {
+                    ReasonCode::Success
+                } else {
+                    ReasonCode::PacketIdentifierNotFound
+                };
                 self.reply(Packet::PubComp(Ack::with_reason(a.packet_id, reason)));
             }
             Packet::Subscribe(s) => self.broker.subscribe(self.session, self.version, s),
@@ -137,7 +151,14 @@ impl<'a> Inbound<'a> {
             }
             return Flow::Continue;
         }
-        let msg = || Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
+        let msg = || {
+            Message::from_publish(
+                p,
+                Instant::now(),
+                self.session.id,
+                self.session.client_id.clone(),
+            )
+        };
         match qos {
             QoS::AtMostOnce => self.broker.publish(msg()),
             QoS::AtLeastOnce => {
@@ -168,5 +189,7 @@ impl<'a> Inbound<'a> {
 
 /// True for `$SYS` and everything below it.
 fn is_sys_topic(topic: &str) -> bool {
-    topic.strip_prefix("$SYS").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    topic
+        .strip_prefix("$SYS")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }

@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
-use braid_proto::{decode, encode, BytesMut, ConnAck, Connect, DecodeError, Packet, Properties, ProtocolVersion, ReasonCode};
+use braid_proto::{
+    decode, encode, BytesMut, ConnAck, Connect, DecodeError, Packet, Properties, ProtocolVersion,
+    ReasonCode,
+};
 
 use crate::broker::{Accepted, Broker, Ending};
 use inbound::{Flow, Inbound};
@@ -32,23 +35,24 @@ where
     let mut rbuf = BytesMut::with_capacity(IDLE_READ_CAPACITY);
     let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
     let max = broker.config.mqtt.max_packet_size;
-    let connect = match tokio::time::timeout(timeout, read_connect(&mut rd, &mut rbuf, max, &broker)).await {
-        Err(_) => {
-            info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
-            return;
-        }
-        Ok(Err(FirstPacket::Eof)) => return,
-        Ok(Err(FirstPacket::Refuse(version, reason, why))) => {
-            info!(%peer, "refusing connection: {why}");
-            refuse(&mut wr, version, reason).await;
-            return;
-        }
-        Ok(Err(FirstPacket::Close(why))) => {
-            info!(%peer, "closing connection: {why}");
-            return;
-        }
-        Ok(Ok(c)) => c,
-    };
+    let connect =
+        match tokio::time::timeout(timeout, read_connect(&mut rd, &mut rbuf, max, &broker)).await {
+            Err(_) => {
+                info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
+                return;
+            }
+            Ok(Err(FirstPacket::Eof)) => return,
+            Ok(Err(FirstPacket::Refuse(version, reason, why))) => {
+                info!(%peer, "refusing connection: {why}");
+                refuse(&mut wr, version, reason).await;
+                return;
+            }
+            Ok(Err(FirstPacket::Close(why))) => {
+                info!(%peer, "closing connection: {why}");
+                return;
+            }
+            Ok(Ok(c)) => c,
+        };
     let version = connect.protocol;
     let accepted = match broker.connect(&connect) {
         Ok(a) => a,
@@ -60,7 +64,14 @@ where
     };
     let client_id = accepted.session.client_id.clone();
     debug!(%peer, %client_id, ?version, "client connected");
-    let writer = tokio::spawn(writer::run(broker.clone(), accepted.session.clone(), accepted.generation, accepted.ctl.clone(), version, wr));
+    let writer = tokio::spawn(writer::run(
+        broker.clone(),
+        accepted.session.clone(),
+        accepted.generation,
+        accepted.ctl.clone(),
+        version,
+        wr,
+    ));
     let ending = read_loop(&broker, &accepted, version, rd, rbuf, peer).await;
     let _ = writer.await;
     debug!(%peer, %client_id, ?ending, "client disconnected");
@@ -73,14 +84,28 @@ enum FirstPacket {
     Refuse(ProtocolVersion, ReasonCode, String),
 }
 
-async fn read_connect<R: AsyncRead + Unpin>(rd: &mut R, rbuf: &mut BytesMut, max: u32, broker: &Broker) -> Result<Box<Connect>, FirstPacket> {
+async fn read_connect<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    rbuf: &mut BytesMut,
+    max: u32,
+    broker: &Broker,
+) -> Result<Box<Connect>, FirstPacket> {
     loop {
         match decode(rbuf, ProtocolVersion::V3_1_1, max) {
             Ok(Some(Packet::Connect(c))) => return Ok(c),
-            Ok(Some(p)) => return Err(FirstPacket::Close(format!("first packet was {}, not CONNECT", p.name()))),
+            Ok(Some(p)) => {
+                return Err(FirstPacket::Close(format!(
+                    "first packet was {}, not CONNECT",
+                    p.name()
+                )))
+            }
             Ok(None) => {}
             Err(DecodeError::UnsupportedProtocol) => {
-                return Err(FirstPacket::Refuse(ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion, "unsupported protocol name or level".into()))
+                return Err(FirstPacket::Refuse(
+                    ProtocolVersion::V3_1_1,
+                    ReasonCode::UnsupportedProtocolVersion,
+                    "unsupported protocol name or level".into(),
+                ))
             }
             Err(e) => return Err(FirstPacket::Close(format!("bad CONNECT: {e}"))),
         }
@@ -95,7 +120,11 @@ async fn read_connect<R: AsyncRead + Unpin>(rd: &mut R, rbuf: &mut BytesMut, max
 /// Writes a refusing CONNACK and closes.
 async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
     let mut buf = BytesMut::new();
-    let ack = ConnAck { session_present: false, reason, properties: Properties::default() };
+    let ack = ConnAck {
+        session_present: false,
+        reason,
+        properties: Properties::default(),
+    };
     if encode(&Packet::ConnAck(ack), version, &mut buf).is_ok() {
         let _ = tokio::time::timeout(Duration::from_secs(1), wr.write_all(&buf)).await;
     }
@@ -103,7 +132,14 @@ async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, rea
 }
 
 /// Reads and handles packets until the connection ends; returns how it ended.
-async fn read_loop<R: AsyncRead + Unpin>(broker: &Arc<Broker>, a: &Accepted, version: ProtocolVersion, mut rd: R, mut rbuf: BytesMut, peer: SocketAddr) -> Ending {
+async fn read_loop<R: AsyncRead + Unpin>(
+    broker: &Arc<Broker>,
+    a: &Accepted,
+    version: ProtocolVersion,
+    mut rd: R,
+    mut rbuf: BytesMut,
+    peer: SocketAddr,
+) -> Ending {
     let mut inbound = Inbound::new(broker, &a.session, version);
     let max = broker.config.mqtt.max_packet_size;
     // Keep alive counts every byte that arrives, so a large packet still arriving over a slow

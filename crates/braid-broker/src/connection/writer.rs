@@ -67,7 +67,10 @@ pub async fn run<W: AsyncWrite + Unpin>(
     buf.clear();
     let reason = ctl.reason();
     if version.is_v5() && reason.is_error() {
-        let d = Disconnect { reason, properties: Properties::default() };
+        let d = Disconnect {
+            reason,
+            properties: Properties::default(),
+        };
         let _ = encode(&Packet::Disconnect(d), version, &mut buf);
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), async {

@@ -12,7 +12,7 @@ use crate::config::SharedStrategy;
 use crate::message::Message;
 use crate::session::Session;
 
-pub use trie::Trie;
+use trie::Trie;
 
 /// One subscription in the trie.
 #[derive(Debug, Clone)]
@@ -38,7 +38,10 @@ pub struct Router {
 impl Router {
     /// An empty table whose shared groups use `strategy`.
     pub fn new(strategy: SharedStrategy) -> Router {
-        Router { trie: Trie::default(), strategy }
+        Router {
+            trie: Trie::default(),
+            strategy,
+        }
     }
 
     /// Adds or replaces the subscription of `entry.session` to `filter` (in `group` if shared).
@@ -59,7 +62,7 @@ impl Router {
 
     /// True when there are no subscriptions.
     pub fn is_empty(&self) -> bool {
-        self.trie.len() == 0
+        self.trie.is_empty()
     }
 
     /// The subscriptions `msg` goes to: every matching normal subscription (minus No Local
@@ -68,7 +71,9 @@ impl Router {
         let strategy = self.strategy;
         self.trie.matches(&msg.topic, &mut |slot| {
             out.extend(
-                slot.subs.iter().filter(|e| !(e.options.no_local && e.session.id == msg.origin)),
+                slot.subs
+                    .iter()
+                    .filter(|e| !(e.options.no_local && e.session.id == msg.origin)),
             );
             out.extend(slot.groups.iter().filter_map(|g| g.pick(strategy, msg)));
         });
@@ -80,15 +85,24 @@ mod tests {
     use super::*;
     use crate::config::OverflowPolicy;
     use crate::session::QueueLimits;
-    use braid_proto::{ByteString, Bytes, QoS};
+    use braid_proto::{ByteString, Bytes};
 
     fn session(id: u64) -> Arc<Session> {
-        let limits = QueueLimits { max_messages: 10, queue_qos0: false, overflow: OverflowPolicy::DropNewest };
+        let limits = QueueLimits {
+            max_messages: 10,
+            queue_qos0: false,
+            overflow: OverflowPolicy::DropNewest,
+        };
         Arc::new(Session::new(id, ByteString::from(format!("c{id}")), limits))
     }
 
     fn entry(s: &Arc<Session>) -> SubEntry {
-        SubEntry { session: s.clone(), options: SubscriptionOptions::default(), sub_id: None, merge_overlaps: false }
+        SubEntry {
+            session: s.clone(),
+            options: SubscriptionOptions::default(),
+            sub_id: None,
+            merge_overlaps: false,
+        }
     }
 
     fn msg(topic: &str) -> Message {
@@ -135,7 +149,10 @@ mod tests {
         let mut r = Router::new(SharedStrategy::RoundRobin);
         let s = session(1);
         assert!(r.subscribe("a/+/c", None, entry(&s)));
-        assert!(!r.subscribe("a/+/c", None, entry(&s)), "same filter again replaces");
+        assert!(
+            !r.subscribe("a/+/c", None, entry(&s)),
+            "same filter again replaces"
+        );
         assert_eq!(r.len(), 1);
         assert!(r.unsubscribe("a/+/c", None, 1));
         assert!(!r.unsubscribe("a/+/c", None, 1));

@@ -81,7 +81,10 @@ struct Node {
 
 impl Node {
     fn is_empty(&self) -> bool {
-        self.children.is_empty() && self.plus.is_none() && self.here.is_empty() && self.multi.is_empty()
+        self.children.is_empty()
+            && self.plus.is_none()
+            && self.here.is_empty()
+            && self.multi.is_empty()
     }
 }
 
@@ -127,6 +130,11 @@ impl Trie {
         self.len
     }
 
+    /// True when there are no subscriptions.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Calls `f` with every slot whose filter matches `topic`. Topics starting with `$` are not
     /// matched by a first level of `+` or `#`.
     pub fn matches<'a>(&'a self, topic: &str, f: &mut impl FnMut(&'a Slot)) {
@@ -162,7 +170,9 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: 
         [] => node.here.remove(group, session_id),
         ["#"] => node.multi.remove(group, session_id),
         [level, rest @ ..] if *level == "+" => {
-            let Some(plus) = node.plus.as_mut() else { return false };
+            let Some(plus) = node.plus.as_mut() else {
+                return false;
+            };
             let removed = remove_at(plus, rest, group, session_id);
             if plus.is_empty() {
                 node.plus = None;
@@ -170,7 +180,9 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: 
             removed
         }
         [level, rest @ ..] => {
-            let Some(child) = node.children.get_mut(*level) else { return false };
+            let Some(child) = node.children.get_mut(*level) else {
+                return false;
+            };
             let removed = remove_at(child, rest, group, session_id);
             if child.is_empty() {
                 node.children.remove(*level);

@@ -47,7 +47,12 @@ impl Inflight {
     /// Adds a delivery with a fresh packet id (one not in use) and returns that id.
     pub fn push(&mut self, delivery: Delivery) -> u16 {
         let id = self.free_id();
-        self.entries.push_back(Entry { packet_id: id, delivery, stage: Stage::Published, unsent: false });
+        self.entries.push_back(Entry {
+            packet_id: id,
+            delivery,
+            stage: Stage::Published,
+            unsent: false,
+        });
         id
     }
 
@@ -65,7 +70,9 @@ impl Inflight {
     }
 
     fn position(&self, id: u16, stage: Stage) -> Option<usize> {
-        self.entries.iter().position(|e| e.packet_id == id && e.stage == stage)
+        self.entries
+            .iter()
+            .position(|e| e.packet_id == id && e.stage == stage)
     }
 
     /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. False if `id` is unknown.
@@ -123,7 +130,10 @@ mod tests {
 
     #[test]
     fn ids_skip_zero_and_ids_in_use() {
-        let mut w = Inflight { next_id: u16::MAX - 1, ..Default::default() };
+        let mut w = Inflight {
+            next_id: u16::MAX - 1,
+            ..Default::default()
+        };
         assert_eq!(w.push(delivery()), u16::MAX);
         assert_eq!(w.push(delivery()), 1);
         w.next_id = 0;
@@ -134,7 +144,10 @@ mod tests {
     fn qos2_moves_through_release_to_complete() {
         let mut w = Inflight::default();
         let id = w.push(delivery());
-        assert!(!w.complete(id, Stage::Released), "PUBCOMP before PUBREC is unknown");
+        assert!(
+            !w.complete(id, Stage::Released),
+            "PUBCOMP before PUBREC is unknown"
+        );
         assert!(w.release(id));
         assert!(w.release(id), "a repeated PUBREC is harmless");
         assert!(w.complete(id, Stage::Released));

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::{
-    encode, encoded_len, Ack, ByteString, BytesMut, LastWill, Packet, Properties,
-    ProtocolVersion, Publish, QoS, ReasonCode, SubscriptionOptions,
+    encode, encoded_len, Ack, ByteString, BytesMut, LastWill, Packet, Properties, ProtocolVersion,
+    Publish, QoS, ReasonCode, SubscriptionOptions,
 };
 
 use super::alias::{AliasUse, OutboundAliases};
@@ -97,7 +97,9 @@ impl SessionState {
 
     /// True while connection `generation` is the attached one.
     pub fn is_attached(&self, generation: u64) -> bool {
-        self.link.as_ref().is_some_and(|l| l.generation == generation)
+        self.link
+            .as_ref()
+            .is_some_and(|l| l.generation == generation)
     }
 
     /// True while a client is attached.
@@ -160,7 +162,11 @@ impl SessionState {
             return self.inflight.complete(ack.packet_id, Stage::Published);
         }
         let known = self.inflight.release(ack.packet_id);
-        let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
+        let reason = if known {
+            ReasonCode::Success
+        } else {
+            ReasonCode::PacketIdentifierNotFound
+        };
         self.reply(Packet::PubRel(Ack::with_reason(ack.packet_id, reason)));
         known
     }
@@ -185,7 +191,8 @@ impl SessionState {
         }
         for e in self.inflight.take_unsent() {
             let p = match e.stage {
-                Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
+                Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now)
+                {
                     Some(p) => Packet::Publish(p),
                     None => continue,
                 },
@@ -226,14 +233,24 @@ const ALIAS_PROPERTY_LEN: usize = 3;
 
 /// The PUBLISH for one delivery on this link, with expiry, subscription id and topic alias
 /// applied; `None` if it exceeds the client's Maximum Packet Size (the spec says drop it).
-fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now: Instant) -> Option<Publish> {
+fn publish_packet(
+    link: &mut Link,
+    d: &Delivery,
+    packet_id: u16,
+    dup: bool,
+    now: Instant,
+) -> Option<Publish> {
     let msg = &d.msg;
     let mut p = Publish {
         dup: dup && d.qos != QoS::AtMostOnce,
         qos: d.qos,
         retain: d.retain,
         topic: msg.topic.clone(),
-        packet_id: if d.qos == QoS::AtMostOnce { 0 } else { packet_id.max(1) },
+        packet_id: if d.qos == QoS::AtMostOnce {
+            0
+        } else {
+            packet_id.max(1)
+        },
         properties: Properties::default(),
         payload: msg.payload.clone(),
     };
@@ -244,7 +261,9 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
     }
     let p = Packet::Publish(p);
     let len = encoded_len(&p, link.version);
-    let Packet::Publish(mut p) = p else { unreachable!("built as a PUBLISH above") };
+    let Packet::Publish(mut p) = p else {
+        unreachable!("built as a PUBLISH above")
+    };
     let max = link.max_packet_size as usize;
     if len > max {
         return None;
@@ -271,7 +290,11 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     fn limits(max: usize) -> QueueLimits {
-        QueueLimits { max_messages: max, queue_qos0: false, overflow: OverflowPolicy::DropNewest }
+        QueueLimits {
+            max_messages: max,
+            queue_qos0: false,
+            overflow: OverflowPolicy::DropNewest,
+        }
     }
 
     fn link(version: ProtocolVersion, window: usize, alias_max: u16) -> Link {
@@ -288,7 +311,11 @@ mod tests {
 
     fn delivery(topic: &'static str, qos: QoS) -> Delivery {
         Delivery {
-            msg: Message::internal(ByteString::from_static(topic), Bytes::from_static(b"payload"), false),
+            msg: Message::internal(
+                ByteString::from_static(topic),
+                Bytes::from_static(b"payload"),
+                false,
+            ),
             qos,
             retain: false,
             sub_id: None,
@@ -308,7 +335,16 @@ mod tests {
     }
 
     fn publishes(packets: &[Packet]) -> Vec<&Publish> {
-        packets.iter().filter_map(|p| if let Packet::Publish(p) = p { Some(p) } else { None }).collect()
+        packets
+            .iter()
+            .filter_map(|p| {
+                if let Packet::Publish(p) = p {
+                    Some(p)
+                } else {
+                    None
+                }
+            })
+            .collect()
     }
 
     #[test]
@@ -323,7 +359,10 @@ mod tests {
         assert_eq!(ids.len(), 2, "Receive Maximum 2 allows two in flight");
         assert!(transmit(&mut st, Instant::now()).is_empty());
         assert!(st.on_puback(ids[0]));
-        assert!(!st.on_puback(ids[0]), "a second PUBACK for the same id is unknown");
+        assert!(
+            !st.on_puback(ids[0]),
+            "a second PUBACK for the same id is unknown"
+        );
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 1);
     }
 
@@ -335,7 +374,9 @@ mod tests {
             st.enqueue(delivery("t", QoS::AtMostOnce));
         }
         let sent = transmit(&mut st, Instant::now());
-        assert!(publishes(&sent).iter().all(|p| p.packet_id == 0 && p.qos == QoS::AtMostOnce));
+        assert!(publishes(&sent)
+            .iter()
+            .all(|p| p.packet_id == 0 && p.qos == QoS::AtMostOnce));
         assert_eq!(sent.len(), 3);
     }
 
@@ -346,11 +387,17 @@ mod tests {
         st.enqueue(delivery("a", QoS::AtLeastOnce));
         st.enqueue(delivery("b", QoS::ExactlyOnce));
         let sent = transmit(&mut st, Instant::now());
-        let first = publishes(&sent).iter().map(|p| (p.packet_id, p.dup)).collect::<Vec<_>>();
+        let first = publishes(&sent)
+            .iter()
+            .map(|p| (p.packet_id, p.dup))
+            .collect::<Vec<_>>();
         assert_eq!(first.iter().filter(|(_, dup)| *dup).count(), 0);
         let qos2_id = first[1].0;
         st.on_pubrec(&Ack::new(qos2_id));
-        assert!(matches!(transmit(&mut st, Instant::now())[..], [Packet::PubRel(_)]));
+        assert!(matches!(
+            transmit(&mut st, Instant::now())[..],
+            [Packet::PubRel(_)]
+        ));
         assert!(st.detach(g));
         st.attach(link(ProtocolVersion::V3_1_1, 10, 0));
         let again = transmit(&mut st, Instant::now());
@@ -362,10 +409,22 @@ mod tests {
     #[test]
     fn offline_session_queues_qos1_not_qos0_and_counts_overflow() {
         let mut st = SessionState::new(limits(2));
-        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::SkippedOffline);
-        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
-        assert_eq!(st.enqueue(delivery("t", QoS::ExactlyOnce)), Enqueued::Queued);
-        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::DroppedFull);
+        assert_eq!(
+            st.enqueue(delivery("t", QoS::AtMostOnce)),
+            Enqueued::SkippedOffline
+        );
+        assert_eq!(
+            st.enqueue(delivery("t", QoS::AtLeastOnce)),
+            Enqueued::Queued
+        );
+        assert_eq!(
+            st.enqueue(delivery("t", QoS::ExactlyOnce)),
+            Enqueued::Queued
+        );
+        assert_eq!(
+            st.enqueue(delivery("t", QoS::AtLeastOnce)),
+            Enqueued::DroppedFull
+        );
         assert_eq!(st.dropped, 1);
         st.attach(link(ProtocolVersion::V5, 10, 0));
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 2);
@@ -376,8 +435,10 @@ mod tests {
         let mut st = SessionState::new(limits(10));
         st.attach(link(ProtocolVersion::V5, 10, 0));
         let now = Instant::now();
-        let mut props = Properties::default();
-        props.message_expiry_interval = Some(10);
+        let mut props = Properties {
+            message_expiry_interval: Some(10),
+            ..Default::default()
+        };
         let make = |props: Properties| Publish {
             qos: QoS::AtLeastOnce,
             topic: ByteString::from_static("t"),
@@ -389,7 +450,12 @@ mod tests {
         props.message_expiry_interval = Some(1);
         let dead = Message::from_publish(make(props), now, 1, ByteString::new());
         for msg in [dead, live] {
-            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None });
+            st.enqueue(Delivery {
+                msg,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                sub_id: None,
+            });
         }
         let later = now + std::time::Duration::from_secs(4);
         let sent = transmit(&mut st, later);
@@ -406,13 +472,21 @@ mod tests {
         l.max_packet_size = 20;
         st.attach(l);
         let mut big = delivery("t", QoS::AtLeastOnce);
-        big.msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0u8; 100]), false);
+        big.msg = Message::internal(
+            ByteString::from_static("t"),
+            Bytes::from(vec![0u8; 100]),
+            false,
+        );
         st.enqueue(big);
         st.enqueue(delivery("t", QoS::AtLeastOnce));
         let sent = transmit(&mut st, Instant::now());
         assert_eq!(publishes(&sent).len(), 1);
         assert_eq!(st.dropped, 1);
-        assert_eq!(st.inflight.len(), 1, "the dropped message took no packet id");
+        assert_eq!(
+            st.inflight.len(),
+            1,
+            "the dropped message took no packet id"
+        );
     }
 
     #[test]
@@ -423,7 +497,10 @@ mod tests {
         st.enqueue(delivery("sensors/1", QoS::AtMostOnce));
         let sent = transmit(&mut st, Instant::now());
         let p = publishes(&sent);
-        assert_eq!((&*p[0].topic, p[0].properties.topic_alias), ("sensors/1", Some(1)));
+        assert_eq!(
+            (&*p[0].topic, p[0].properties.topic_alias),
+            ("sensors/1", Some(1))
+        );
         assert_eq!((&*p[1].topic, p[1].properties.topic_alias), ("", Some(1)));
     }
 
@@ -435,7 +512,9 @@ mod tests {
         st.reply(Packet::PingResp);
         let sent = transmit(&mut st, Instant::now());
         assert!(matches!(sent[0], Packet::PingResp));
-        assert!(matches!(&sent[1], Packet::Publish(p) if p.properties.is_empty() && &*p.topic == "t"));
+        assert!(
+            matches!(&sent[1], Packet::Publish(p) if p.properties.is_empty() && &*p.topic == "t")
+        );
     }
 
     #[test]
