@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from helpers import (CONNACK, PINGRESP, connack_return_code, connack_session_present, connect_packet,
-                     packet, pingreq_packet, publish_packet, unique)
+from helpers import (CONNACK, PINGRESP, V3_PROTOCOLS, MQTTv311, connack_return_code, connack_session_present,
+                     connect_packet, packet, pingreq_packet, proto_id, publish_packet, unique)
 
 
 def test_empty_client_id_with_clean_session_is_accepted(broker, raw_client):
@@ -73,10 +73,8 @@ def test_inconsistent_connect_flags_close_connection(broker, raw_client, flags):
     """MQTT-3.1.2-11/-13/-15 (will QoS/retain need the will flag, QoS 3 invalid) and MQTT-3.1.2-22
     (password flag needs username flag)."""
     raw = raw_client(broker)
-    payload_tail = b"\x00\x02pw" if flags & 0x40 else b""
     pkt = connect_packet(unique("flags"), flags=flags)
-    # append the password field if the flags promise one
-    body = pkt[2:] + payload_tail
+    body = pkt[2:] + (b"\x00\x02pw" if flags & 0x40 else b"")  # the password the flags promise
     raw.send(packet(1, 0, body))
     assert_closed_without_session(raw)
 
@@ -144,12 +142,13 @@ def test_pings_keep_a_short_keep_alive_connection_open(broker, raw_client):
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("level", [3, 4], ids=["v3.1", "v3.1.1"])
-def test_paho_connects_with_empty_or_long_client_id(broker, connect, level):
-    from helpers import MQTTv31, MQTTv311
-    protocol = MQTTv31 if level == 3 else MQTTv311
-    if level == 4:
-        c = connect(broker, client_id="", protocol=protocol)
-        assert c.connack.reason_code == 0
+def test_paho_v311_connects_with_empty_client_id(broker, connect):
+    c = connect(broker, client_id="", protocol=MQTTv311)
+    assert c.connack.reason_code == 0
+
+
+@pytest.mark.parametrize("protocol", V3_PROTOCOLS, ids=proto_id)
+def test_paho_connects_with_23_character_client_id(broker, connect, protocol):
+    """23 characters is the longest id every 3.x server must accept (MQTT-3.1.3-5)."""
     c = connect(broker, client_id="x" * 23, protocol=protocol)
     assert c.connack.reason_code == 0

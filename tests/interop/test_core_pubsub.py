@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from helpers import ALL_PROTOCOLS, MQTTv311, MQTTv5, proto_id, unique
+from helpers import ALL_PROTOCOLS, proto_id, unique
 
 
 @pytest.mark.parametrize("protocol", ALL_PROTOCOLS, ids=proto_id)
@@ -55,7 +55,7 @@ def test_payload_integrity(broker, connect, protocol, name):
     assert m.payload == payload
 
 
-@pytest.mark.parametrize("protocol", [MQTTv311, MQTTv5], ids=proto_id)
+@pytest.mark.parametrize("protocol", ALL_PROTOCOLS, ids=proto_id)
 @pytest.mark.parametrize("qos", [0, 2])
 def test_one_mebibyte_payload(broker, connect, protocol, qos):
     payload = os.urandom(1024 * 1024)

@@ -78,8 +78,8 @@ def test_sys_uptime_advances(broker, connect):
 
 
 def test_clients_cannot_publish_to_sys(broker, connect):
-    """A client's PUBLISH to $SYS/... must not be delivered as if it came from the broker
-    (the broker ignores it or disconnects the publisher)."""
+    """A client's PUBLISH to $SYS/... is not delivered as if it came from the broker: the broker
+    drops it or disconnects the publisher (MQTT 4.7.2: the server SHOULD prevent such use)."""
     topic = "$SYS/broker/" + unique("fake")
     sub = connect(broker)
     sub.subscribe(topic, 0)

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use braid_proto::topic::{parse_shared, valid_topic_filter};
 use braid_proto::{
-    ByteString, ConnAck, Connect, LastWill, Packet, Properties, ProtocolVersion, Publish, QoS,
-    ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
+    ByteString, ConnAck, Connect, LastWill, Properties, ProtocolVersion, Publish, QoS, ReasonCode,
+    RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
 };
 
 use crate::config::Config;
@@ -21,7 +21,7 @@ use crate::message::{Delivery, Message};
 use crate::metrics::Metrics;
 use crate::retained::Retained;
 use crate::router::{Router, SubEntry};
-use crate::session::{Enqueued, Link, OutboundAliases, QueueLimits, Session, SubscriptionRecord};
+use crate::session::{Enqueued, Link, QueueLimits, Session, SubscriptionRecord};
 
 /// Everything the connections share.
 #[derive(Debug)]
@@ -51,6 +51,8 @@ pub struct Accepted {
     pub ctl: Arc<ConnControl>,
     /// Keep alive in force, seconds (0 = none).
     pub keep_alive: u16,
+    /// The CONNACK to send first.
+    pub connack: ConnAck,
 }
 
 /// How a connection ended, for will and session handling.
@@ -90,13 +92,14 @@ impl Broker {
     }
 
     /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
-    /// (closing a connection that holds it), attaches this connection and queues CONNACK as its
-    /// first packet. `Err` carries the CONNACK reason to refuse with.
+    /// (closing a connection that holds it) and attaches this connection. `Err` carries the
+    /// CONNACK reason to refuse with.
     pub fn connect(self: &Arc<Self>, c: &Connect) -> Result<Accepted, ReasonCode> {
         let cfg = &self.config;
         let v5 = c.protocol.is_v5();
         let mut props = Properties::default();
-        let mut client_id = c.client_id.clone();
+        // Own copies: slices would pin the whole CONNECT read buffer for the life of the session.
+        let mut client_id = ByteString::from(&*c.client_id);
         if client_id.is_empty() {
             if !cfg.mqtt.allow_empty_client_id || (!v5 && !c.clean_start) {
                 return Err(ReasonCode::ClientIdentifierNotValid);
@@ -169,42 +172,23 @@ impl Broker {
         }
 
         let ctl = Arc::new(ConnControl::new(&self.shutdown));
-        let window = if v5 {
-            c.properties.receive_maximum.unwrap_or(u16::MAX)
-        } else {
-            u16::MAX
-        };
+        let window = if v5 { c.properties.receive_maximum.unwrap_or(u16::MAX) } else { u16::MAX };
         let alias_max = match (v5, cfg.mqtt.server_topic_aliases) {
             (true, true) => c.properties.topic_alias_maximum.unwrap_or(0),
             _ => 0,
         };
-        let link = Link {
-            generation: 0,
-            version: c.protocol,
-            max_packet_size: c.properties.maximum_packet_size.unwrap_or(u32::MAX),
-            window: usize::from(window.min(cfg.mqtt.max_inflight)),
-            aliases: OutboundAliases::new(alias_max),
-            control: vec![Packet::ConnAck(ConnAck {
-                session_present,
-                reason: ReasonCode::Success,
-                properties: props,
-            })],
-            ctl: ctl.clone(),
-        };
+        let max_packet_size = c.properties.maximum_packet_size.unwrap_or(u32::MAX);
+        let window = usize::from(window.min(cfg.mqtt.max_inflight));
+        let link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
         let generation = {
             let mut st = session.lock();
             st.expiry_secs = expiry;
-            st.will = c.will.clone();
+            st.will = c.will.clone().map(Box::new);
             st.attach(link)
         };
         self.metrics.client_connected();
-        session.wake();
-        Ok(Accepted {
-            session,
-            generation,
-            ctl,
-            keep_alive,
-        })
+        let connack = ConnAck { session_present, reason: ReasonCode::Success, properties: props };
+        Ok(Accepted { session, generation, ctl, keep_alive, connack })
     }
 
     /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
@@ -217,9 +201,7 @@ impl Broker {
                 link.ctl.close(ReasonCode::SessionTakenOver);
                 self.metrics.client_disconnected();
             }
-            st.will
-                .take()
-                .filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
+            st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
         };
         if let Some(will) = will {
             self.publish_will(old, will);
@@ -229,8 +211,9 @@ impl Broker {
         }
     }
 
-    /// Handles SUBSCRIBE: answers SUBACK, then queues matching retained messages.
-    pub fn subscribe(&self, session: &Arc<Session>, version: ProtocolVersion, sub: Subscribe) {
+    /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
+    /// caller writes before it transmits the session's queue.
+    pub fn subscribe(&self, session: &Arc<Session>, version: ProtocolVersion, sub: Subscribe) -> SubAck {
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
         let mut retained_for = Vec::new();
@@ -239,20 +222,11 @@ impl Broker {
                 reasons.push(ReasonCode::TopicFilterInvalid);
                 continue;
             };
-            options.qos = options
-                .qos
-                .min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
-            let entry = SubEntry {
-                session: session.clone(),
-                options,
-                sub_id,
-                merge_overlaps: !version.is_v5(),
-            };
+            options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
+            let entry =
+                SubEntry { session: session.clone(), options, sub_id, merge_overlaps: !version.is_v5() };
             let is_new = self.router.write().subscribe(inner, group, entry);
-            session
-                .lock()
-                .subscriptions
-                .insert(filter.clone(), SubscriptionRecord { options, sub_id });
+            session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
                 QoS::AtMostOnce => ReasonCode::Success,
                 QoS::AtLeastOnce => ReasonCode::GrantedQoS1,
@@ -267,38 +241,24 @@ impl Broker {
                 retained_for.push((filter, options.qos));
             }
         }
-        let ack = SubAck {
-            packet_id: sub.packet_id,
-            properties: Properties::default(),
-            reasons,
-        };
-        session.lock().reply(Packet::SubAck(ack));
         let now = Instant::now();
         for (filter, qos) in retained_for {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                self.deliver(
-                    session,
-                    Delivery {
-                        msg,
-                        qos,
-                        retain: true,
-                        sub_id,
-                    },
-                );
+                self.deliver(session, Delivery { msg, qos, retain: true, sub_id });
             }
         }
-        session.wake();
+        SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
     }
 
-    /// Handles UNSUBSCRIBE and answers UNSUBACK.
+    /// Handles UNSUBSCRIBE and returns the UNSUBACK.
     pub fn unsubscribe(
         &self,
         session: &Arc<Session>,
         version: ProtocolVersion,
         unsub: Unsubscribe,
-    ) {
+    ) -> UnsubAck {
         let mut reasons = Vec::with_capacity(unsub.filters.len());
         for filter in unsub.filters {
             let reason = match split_filter(&filter) {
@@ -318,13 +278,7 @@ impl Broker {
         if !version.is_v5() {
             reasons.clear();
         }
-        let ack = UnsubAck {
-            packet_id: unsub.packet_id,
-            properties: Properties::default(),
-            reasons,
-        };
-        session.lock().reply(Packet::UnsubAck(ack));
-        session.wake();
+        UnsubAck { packet_id: unsub.packet_id, properties: Properties::default(), reasons }
     }
 
     /// Stores (if retained) and routes a message to every matching subscription.
@@ -350,10 +304,7 @@ impl Broker {
     }
 
     fn deliver(&self, session: &Session, d: Delivery) {
-        if matches!(
-            session.deliver(d),
-            Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest
-        ) {
+        if matches!(session.deliver(d), Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
             Metrics::add(&self.metrics.messages_dropped, 1);
         }
     }
@@ -419,10 +370,7 @@ impl Broker {
     fn end_session(&self, session: &Arc<Session>) {
         {
             let mut sessions = self.sessions.lock();
-            if sessions
-                .get(&session.client_id)
-                .is_some_and(|s| Arc::ptr_eq(s, session))
-            {
+            if sessions.get(&session.client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
                 sessions.remove(&session.client_id);
             }
         }
@@ -430,12 +378,7 @@ impl Broker {
     }
 
     fn drop_subscriptions(&self, session: &Arc<Session>) {
-        let filters: Vec<ByteString> = session
-            .lock()
-            .subscriptions
-            .drain()
-            .map(|(f, _)| f)
-            .collect();
+        let filters: Vec<ByteString> = session.lock().subscriptions.drain().map(|(f, _)| f).collect();
         let mut router = self.router.write();
         for filter in &filters {
             if let Some((inner, group)) = split_filter(filter) {
@@ -444,7 +387,7 @@ impl Broker {
         }
     }
 
-    fn publish_will(&self, session: &Session, will: LastWill) {
+    fn publish_will(&self, session: &Session, will: Box<LastWill>) {
         let mut properties = will.properties;
         properties.will_delay_interval = None;
         let p = Publish {
@@ -456,12 +399,7 @@ impl Broker {
             properties,
             payload: will.payload,
         };
-        self.publish(Message::from_publish(
-            p,
-            Instant::now(),
-            session.id,
-            session.client_id.clone(),
-        ));
+        self.publish(Message::from_publish(p, Instant::now(), session.id, session.client_id.clone()));
     }
 
     /// Removes expired retained messages.
@@ -471,11 +409,7 @@ impl Broker {
 
     /// Numbers for `$SYS`: (sessions known, subscriptions, retained messages).
     pub fn counts(&self) -> (usize, usize, usize) {
-        (
-            self.sessions.lock().len(),
-            self.router.read().len(),
-            self.retained.read().len(),
-        )
+        (self.sessions.lock().len(), self.router.read().len(), self.retained.read().len())
     }
 }
 

@@ -37,9 +37,7 @@ pub struct Listeners {
 
 impl Default for Listeners {
     fn default() -> Self {
-        Listeners {
-            tcp: SocketAddr::from(([0, 0, 0, 0], 1883)),
-        }
+        Listeners { tcp: SocketAddr::from(([0, 0, 0, 0], 1883)) }
     }
 }
 
@@ -170,9 +168,7 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig {
-            level: "info".into(),
-        }
+        LogConfig { level: "info".into() }
     }
 }
 
@@ -190,10 +186,7 @@ impl Config {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.exists() {
-                return Err(ConfigError(format!(
-                    "config file {} does not exist",
-                    path.display()
-                )));
+                return Err(ConfigError(format!("config file {} does not exist", path.display())));
             }
             figment = figment.merge(Toml::file_exact(path));
         }
@@ -206,9 +199,9 @@ impl Config {
             })
         }));
         for item in overrides {
-            let (key, value) = item.split_once('=').ok_or_else(|| {
-                ConfigError(format!("--set {item:?}: expected section.key=value"))
-            })?;
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| ConfigError(format!("--set {item:?}: expected section.key=value")))?;
             figment = figment.merge(Serialized::default(key.trim(), parse_value(value.trim())));
         }
         let config: Config = figment.extract().map_err(|e| ConfigError(describe(e)))?;
@@ -254,11 +247,7 @@ fn describe(err: figment::Error) -> String {
     err.into_iter()
         .map(|e| {
             let key = e.path.join(".");
-            let source = e
-                .metadata
-                .as_ref()
-                .map(|m| format!(" (from {})", m.name))
-                .unwrap_or_default();
+            let source = e.metadata.as_ref().map(|m| format!(" (from {})", m.name)).unwrap_or_default();
             if key.is_empty() {
                 format!("{}{source}", e.kind)
             } else {
@@ -284,11 +273,7 @@ mod tests {
     #[test]
     fn file_and_overrides_merge_in_order() {
         let mut f = tempfile::NamedTempFile::new().unwrap();
-        writeln!(
-            f,
-            "[mqtt]\nmax_inflight = 7\n[shared]\nstrategy = \"hash_topic\""
-        )
-        .unwrap();
+        writeln!(f, "[mqtt]\nmax_inflight = 7\n[shared]\nstrategy = \"hash_topic\"").unwrap();
         let c = Config::load(Some(f.path()), &["mqtt.max_inflight=9".into()]).unwrap();
         assert_eq!(c.mqtt.max_inflight, 9);
         assert_eq!(c.shared.strategy, SharedStrategy::HashTopic);
@@ -304,25 +289,19 @@ mod tests {
 
     #[test]
     fn wrong_type_names_the_key() {
-        let err = Config::load(None, &["mqtt.max_inflight=\"many\"".into()])
-            .unwrap_err()
-            .to_string();
+        let err = Config::load(None, &["mqtt.max_inflight=\"many\"".into()]).unwrap_err().to_string();
         assert!(err.contains("mqtt.max_inflight"), "{err}");
     }
 
     #[test]
     fn out_of_range_value_names_the_key() {
-        let err = Config::load(None, &["mqtt.max_qos=3".into()])
-            .unwrap_err()
-            .to_string();
+        let err = Config::load(None, &["mqtt.max_qos=3".into()]).unwrap_err().to_string();
         assert!(err.starts_with("mqtt.max_qos"), "{err}");
     }
 
     #[test]
     fn bad_enum_value_names_the_key() {
-        let err = Config::load(None, &["shared.strategy=fastest".into()])
-            .unwrap_err()
-            .to_string();
+        let err = Config::load(None, &["shared.strategy=fastest".into()]).unwrap_err().to_string();
         assert!(err.contains("shared.strategy"), "{err}");
     }
 }

@@ -17,10 +17,7 @@ pub struct ConnControl {
 impl ConnControl {
     /// A control that is also cancelled when `parent` (the server's shutdown token) is.
     pub fn new(parent: &CancellationToken) -> ConnControl {
-        ConnControl {
-            token: parent.child_token(),
-            reason: Mutex::new(None),
-        }
+        ConnControl { token: parent.child_token(), reason: Mutex::new(None) }
     }
 
     /// Asks the connection to close with `reason`.

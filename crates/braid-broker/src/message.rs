@@ -30,17 +30,10 @@ pub struct Message {
 
 impl Message {
     /// Builds a message from an inbound PUBLISH (topic already resolved from any alias).
-    pub fn from_publish(
-        p: Publish,
-        now: Instant,
-        origin: u64,
-        origin_client: ByteString,
-    ) -> Arc<Message> {
+    pub fn from_publish(p: Publish, now: Instant, origin: u64, origin_client: ByteString) -> Arc<Message> {
         let mut properties = p.properties;
-        let expires_at = properties
-            .message_expiry_interval
-            .take()
-            .map(|secs| now + Duration::from_secs(u64::from(secs)));
+        let expires_at =
+            properties.message_expiry_interval.take().map(|secs| now + Duration::from_secs(u64::from(secs)));
         properties.topic_alias = None;
         properties.subscription_identifiers.clear();
         Arc::new(Message {

@@ -90,10 +90,7 @@ fn clear(node: &mut Node, levels: &[&str]) -> bool {
 
 /// Children a wildcard may descend into: at the root, not the `$` topics.
 fn wildcard_children(node: &Node, root: bool) -> impl Iterator<Item = &Node> {
-    node.children
-        .iter()
-        .filter(move |(k, _)| !(root && k.starts_with('$')))
-        .map(|(_, n)| n)
+    node.children.iter().filter(move |(k, _)| !(root && k.starts_with('$'))).map(|(_, n)| n)
 }
 
 fn collect(node: &Node, levels: &[&str], root: bool, out: &mut Vec<Arc<Message>>) {
@@ -138,19 +135,12 @@ mod tests {
     use braid_proto::{ByteString, Bytes};
 
     fn msg(topic: &'static str, payload: &'static str) -> Arc<Message> {
-        Message::internal(
-            ByteString::from_static(topic),
-            Bytes::from_static(payload.as_bytes()),
-            true,
-        )
+        Message::internal(ByteString::from_static(topic), Bytes::from_static(payload.as_bytes()), true)
     }
 
     fn topics(r: &Retained, filter: &str) -> Vec<String> {
-        let mut v: Vec<String> = r
-            .matching(filter, Instant::now())
-            .iter()
-            .map(|m| m.topic.to_string())
-            .collect();
+        let mut v: Vec<String> =
+            r.matching(filter, Instant::now()).iter().map(|m| m.topic.to_string()).collect();
         v.sort();
         v
     }
@@ -170,23 +160,11 @@ mod tests {
     #[test]
     fn wildcards_find_every_match_but_not_dollar_topics() {
         let mut r = Retained::default();
-        for t in [
-            "sport",
-            "sport/tennis",
-            "sport/tennis/p1",
-            "news/x",
-            "$SYS/up",
-        ] {
+        for t in ["sport", "sport/tennis", "sport/tennis/p1", "news/x", "$SYS/up"] {
             r.set(msg(t, "x"));
         }
-        assert_eq!(
-            topics(&r, "#"),
-            ["news/x", "sport", "sport/tennis", "sport/tennis/p1"]
-        );
-        assert_eq!(
-            topics(&r, "sport/#"),
-            ["sport", "sport/tennis", "sport/tennis/p1"]
-        );
+        assert_eq!(topics(&r, "#"), ["news/x", "sport", "sport/tennis", "sport/tennis/p1"]);
+        assert_eq!(topics(&r, "sport/#"), ["sport", "sport/tennis", "sport/tennis/p1"]);
         assert_eq!(topics(&r, "+/tennis"), ["sport/tennis"]);
         assert_eq!(topics(&r, "+"), ["sport"]);
         assert_eq!(topics(&r, "$SYS/#"), ["$SYS/up"]);

@@ -22,23 +22,15 @@ impl Server {
     /// Binds every configured listener.
     pub async fn bind(config: Config) -> io::Result<Server> {
         let addr = config.listeners.tcp;
-        let tcp = TcpListener::bind(addr).await.map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("listeners.tcp: cannot listen on {addr}: {e}"),
-            )
-        })?;
-        Ok(Server {
-            broker: Broker::new(config),
-            tcp,
-        })
+        let tcp = TcpListener::bind(addr)
+            .await
+            .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
+        Ok(Server { broker: Broker::new(config), tcp })
     }
 
     /// The address the MQTT/TCP listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
-        self.tcp
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.tcp.local_addr().expect("a bound listener has an address")
     }
 
     /// The shared broker state.

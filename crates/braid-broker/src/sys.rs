@@ -16,11 +16,7 @@ pub async fn run(broker: Arc<Broker>) {
     if secs == 0 {
         return;
     }
-    publish(
-        &broker,
-        "$SYS/broker/version",
-        format!("braid version {}", env!("CARGO_PKG_VERSION")),
-    );
+    publish(&broker, "$SYS/broker/version", format!("braid version {}", env!("CARGO_PKG_VERSION")));
     let mut tick = tokio::time::interval(Duration::from_secs(secs));
     loop {
         tokio::select! {
@@ -31,11 +27,7 @@ pub async fn run(broker: Arc<Broker>) {
 }
 
 fn publish(broker: &Broker, topic: &'static str, value: String) {
-    broker.publish(Message::internal(
-        ByteString::from_static(topic),
-        Bytes::from(value),
-        true,
-    ));
+    broker.publish(Message::internal(ByteString::from_static(topic), Bytes::from(value), true));
 }
 
 fn publish_all(broker: &Broker) {
@@ -44,43 +36,16 @@ fn publish_all(broker: &Broker) {
     let (sessions, subscriptions, retained) = broker.counts();
     let connected = Metrics::get(&m.clients_connected);
     let values = [
-        (
-            "$SYS/broker/uptime",
-            format!("{} seconds", broker.started.elapsed().as_secs()),
-        ),
+        ("$SYS/broker/uptime", format!("{} seconds", broker.started.elapsed().as_secs())),
         ("$SYS/broker/clients/connected", connected.to_string()),
-        (
-            "$SYS/broker/clients/disconnected",
-            sessions.saturating_sub(connected as usize).to_string(),
-        ),
-        (
-            "$SYS/broker/clients/total",
-            sessions.max(connected as usize).to_string(),
-        ),
-        (
-            "$SYS/broker/clients/maximum",
-            Metrics::get(&m.clients_maximum).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/received",
-            Metrics::get(&m.messages_received).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/sent",
-            Metrics::get(&m.messages_sent).to_string(),
-        ),
-        (
-            "$SYS/broker/publish/messages/dropped",
-            Metrics::get(&m.messages_dropped).to_string(),
-        ),
-        (
-            "$SYS/broker/bytes/received",
-            Metrics::get(&m.bytes_received).to_string(),
-        ),
-        (
-            "$SYS/broker/bytes/sent",
-            Metrics::get(&m.bytes_sent).to_string(),
-        ),
+        ("$SYS/broker/clients/disconnected", sessions.saturating_sub(connected as usize).to_string()),
+        ("$SYS/broker/clients/total", sessions.max(connected as usize).to_string()),
+        ("$SYS/broker/clients/maximum", Metrics::get(&m.clients_maximum).to_string()),
+        ("$SYS/broker/messages/received", Metrics::get(&m.messages_received).to_string()),
+        ("$SYS/broker/messages/sent", Metrics::get(&m.messages_sent).to_string()),
+        ("$SYS/broker/publish/messages/dropped", Metrics::get(&m.messages_dropped).to_string()),
+        ("$SYS/broker/bytes/received", Metrics::get(&m.bytes_received).to_string()),
+        ("$SYS/broker/bytes/sent", Metrics::get(&m.bytes_sent).to_string()),
         ("$SYS/broker/subscriptions/count", subscriptions.to_string()),
         ("$SYS/broker/retained messages/count", retained.to_string()),
     ];

@@ -132,11 +132,7 @@ impl Ack {
 
     /// An ack with the given reason code and no properties.
     pub fn with_reason(packet_id: u16, reason: ReasonCode) -> Ack {
-        Ack {
-            packet_id,
-            reason,
-            properties: Properties::default(),
-        }
+        Ack { packet_id, reason, properties: Properties::default() }
     }
 }
 

@@ -13,9 +13,7 @@ const MAX_LEN: usize = u16::MAX as usize;
 /// An empty topic name can still appear in a v5 PUBLISH that uses a Topic Alias; that case is
 /// handled by the codec, not here.
 pub fn valid_topic_name(topic: &str) -> bool {
-    !topic.is_empty()
-        && topic.len() <= MAX_LEN
-        && !topic.bytes().any(|b| matches!(b, b'+' | b'#' | 0))
+    !topic.is_empty() && topic.len() <= MAX_LEN && !topic.bytes().any(|b| matches!(b, b'+' | b'#' | 0))
 }
 
 /// True if `filter` may be used as a topic filter: non-empty, at most 65,535 bytes, without
@@ -133,16 +131,7 @@ mod tests {
 
     #[test]
     fn topic_names() {
-        for name in [
-            "a",
-            "/",
-            "sport/tennis/player1",
-            "sport/",
-            "/finance",
-            "$SYS/x",
-            "a b",
-            "é/ü",
-        ] {
+        for name in ["a", "/", "sport/tennis/player1", "sport/", "/finance", "$SYS/x", "a b", "é/ü"] {
             assert!(valid_topic_name(name), "{name}");
         }
         for name in ["", "+", "#", "a/+", "a/#", "a+", "a\0b"] {
@@ -171,18 +160,9 @@ mod tests {
         ] {
             assert!(valid_topic_filter(filter), "{filter}");
         }
-        for filter in [
-            "",
-            "sport+",
-            "sport/tennis#",
-            "sport/#/ranking",
-            "#/",
-            "##",
-            "++",
-            "a/b+/c",
-            "+a",
-            "a\0",
-        ] {
+        for filter in
+            ["", "sport+", "sport/tennis#", "sport/#/ranking", "#/", "##", "++", "a/b+/c", "+a", "a\0"]
+        {
             assert!(!valid_topic_filter(filter), "{filter:?}");
         }
         assert!(valid_topic_filter(&"a".repeat(65_535)));
@@ -194,10 +174,7 @@ mod tests {
         let yes = [
             ("sport/tennis/player1/#", "sport/tennis/player1"),
             ("sport/tennis/player1/#", "sport/tennis/player1/ranking"),
-            (
-                "sport/tennis/player1/#",
-                "sport/tennis/player1/score/wimbledon",
-            ),
+            ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon"),
             ("sport/#", "sport"),
             ("sport/#", "sport/"),
             ("#", "sport/tennis"),
@@ -249,41 +226,13 @@ mod tests {
     fn shared_filters() {
         assert_eq!(
             parse_shared("$share/g1/sport/#"),
-            Ok(Some(SharedFilter {
-                group: "g1",
-                filter: "sport/#"
-            }))
+            Ok(Some(SharedFilter { group: "g1", filter: "sport/#" }))
         );
-        assert_eq!(
-            parse_shared("$share/g/+"),
-            Ok(Some(SharedFilter {
-                group: "g",
-                filter: "+"
-            }))
-        );
-        assert_eq!(
-            parse_shared("$queue/a/b"),
-            Ok(Some(SharedFilter {
-                group: "$queue",
-                filter: "a/b"
-            }))
-        );
-        assert_eq!(
-            parse_shared("$queue/#"),
-            Ok(Some(SharedFilter {
-                group: "$queue",
-                filter: "#"
-            }))
-        );
-        for ordinary in [
-            "sport/#",
-            "$SYS/#",
-            "#",
-            "$sharefoo/a",
-            "$share_/a/b",
-            "a/$share/g/b",
-            "$queuex/a",
-        ] {
+        assert_eq!(parse_shared("$share/g/+"), Ok(Some(SharedFilter { group: "g", filter: "+" })));
+        assert_eq!(parse_shared("$queue/a/b"), Ok(Some(SharedFilter { group: "$queue", filter: "a/b" })));
+        assert_eq!(parse_shared("$queue/#"), Ok(Some(SharedFilter { group: "$queue", filter: "#" })));
+        for ordinary in ["sport/#", "$SYS/#", "#", "$sharefoo/a", "$share_/a/b", "a/$share/g/b", "$queuex/a"]
+        {
             assert_eq!(parse_shared(ordinary), Ok(None), "{ordinary}");
         }
     }

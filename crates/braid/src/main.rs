@@ -9,11 +9,7 @@ use tracing_subscriber::EnvFilter;
 use braid_broker::{Config, Server};
 
 #[derive(Parser)]
-#[command(
-    name = "braid",
-    version,
-    about = "Braid: an MQTT 3.1, 3.1.1 and 5.0 broker"
-)]
+#[command(name = "braid", version, about = "Braid: an MQTT 3.1, 3.1.1 and 5.0 broker")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,18 +53,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter =
-        EnvFilter::try_from_env("BRAID_LOG").unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let filter = EnvFilter::try_from_env("BRAID_LOG").unwrap_or_else(|_| EnvFilter::new(&config.log.level));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("braid: cannot start the runtime: {e}");

@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use braid_proto::{Ack, ByteString, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
+use braid_proto::{
+    encode, Ack, ByteString, BytesMut, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode,
+};
 
 use crate::broker::{Broker, Ending};
 use crate::message::Message;
@@ -29,66 +31,50 @@ pub struct Inbound<'a> {
     version: ProtocolVersion,
     /// Topic aliases the client defined on this connection.
     aliases: HashMap<u16, ByteString>,
-    /// A reply was queued: wake the writer once the buffered packets are handled.
-    replied: bool,
+    /// An ack freed in-flight room or a subscription queued retained messages.
+    transmit: bool,
 }
 
 impl<'a> Inbound<'a> {
     /// State for a connection that has just been accepted.
-    pub fn new(
-        broker: &'a Arc<Broker>,
-        session: &'a Arc<Session>,
-        version: ProtocolVersion,
-    ) -> Self {
-        Inbound {
-            broker,
-            session,
-            version,
-            aliases: HashMap::new(),
-            replied: false,
-        }
+    pub fn new(broker: &'a Arc<Broker>, session: &'a Arc<Session>, version: ProtocolVersion) -> Self {
+        Inbound { broker, session, version, aliases: HashMap::new(), transmit: false }
     }
 
-    /// Wakes the writer if any reply was queued since the last call.
-    pub fn flush(&mut self) {
-        if std::mem::take(&mut self.replied) {
-            self.session.wake();
-        }
+    /// True (once) if the session may have deliveries to send since the last call.
+    pub fn take_transmit(&mut self) -> bool {
+        std::mem::take(&mut self.transmit)
     }
 
-    fn reply(&mut self, p: Packet) {
-        self.session.lock().reply(p);
-        self.replied = true;
-    }
-
-    /// Handles one packet.
-    pub fn handle(&mut self, p: Packet) -> Flow {
-        match p {
-            Packet::Publish(p) => return self.publish(p),
+    /// Handles one packet; replies are encoded into `out`.
+    pub fn handle(&mut self, p: Packet, out: &mut BytesMut) -> Flow {
+        let reply = match p {
+            Packet::Publish(p) => return self.publish(p, out),
             Packet::PubAck(a) => {
-                self.session.lock().on_puback(a.packet_id);
-                self.replied = true;
+                self.transmit |= self.session.lock().on_puback(a.packet_id);
+                None
             }
             Packet::PubRec(a) => {
-                self.session.lock().on_pubrec(&a);
-                self.replied = true;
+                self.transmit = true;
+                self.session.lock().on_pubrec(&a).map(Packet::PubRel)
             }
             Packet::PubComp(a) => {
-                self.session.lock().on_pubcomp(a.packet_id);
-                self.replied = true;
+                self.transmit |= self.session.lock().on_pubcomp(a.packet_id);
+                None
             }
             Packet::PubRel(a) => {
                 let known = self.session.lock().incoming_qos2.remove(&a.packet_id);
-                let reason = if known {
-                    ReasonCode::Success
-                } else {
-                    ReasonCode::PacketIdentifierNotFound
-                };
-                self.reply(Packet::PubComp(Ack::with_reason(a.packet_id, reason)));
+                let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
+                Some(Packet::PubComp(Ack::with_reason(a.packet_id, reason)))
             }
-            Packet::Subscribe(s) => self.broker.subscribe(self.session, self.version, s),
-            Packet::Unsubscribe(u) => self.broker.unsubscribe(self.session, self.version, u),
-            Packet::PingReq => self.reply(Packet::PingResp),
+            Packet::Subscribe(s) => {
+                self.transmit = true;
+                Some(Packet::SubAck(self.broker.subscribe(self.session, self.version, s)))
+            }
+            Packet::Unsubscribe(u) => {
+                Some(Packet::UnsubAck(self.broker.unsubscribe(self.session, self.version, u)))
+            }
+            Packet::PingReq => Some(Packet::PingResp),
             Packet::Disconnect(d) => return self.disconnect(d),
             Packet::Connect(_) => return Flow::Close(ReasonCode::ProtocolError),
             // No authentication method is configured, so AUTH has nothing to continue; packets
@@ -98,8 +84,16 @@ impl<'a> Inbound<'a> {
             | Packet::SubAck(_)
             | Packet::UnsubAck(_)
             | Packet::PingResp => return Flow::Close(ReasonCode::ProtocolError),
+        };
+        if let Some(p) = reply {
+            self.reply(&p, out);
         }
         Flow::Continue
+    }
+
+    fn reply(&self, p: &Packet, out: &mut BytesMut) {
+        // Replies are well-formed packets of this connection's version; encoding cannot fail.
+        let _ = encode(p, self.version, out);
     }
 
     fn disconnect(&mut self, d: Disconnect) -> Flow {
@@ -117,7 +111,7 @@ impl<'a> Inbound<'a> {
         }
     }
 
-    fn publish(&mut self, mut p: Publish) -> Flow {
+    fn publish(&mut self, mut p: Publish, out: &mut BytesMut) -> Flow {
         let cfg = &self.broker.config.mqtt;
         if let Some(alias) = p.properties.topic_alias {
             if alias == 0 || alias > cfg.topic_alias_maximum {
@@ -146,24 +140,18 @@ impl<'a> Inbound<'a> {
             let ack = Ack::with_reason(id, ReasonCode::NotAuthorized);
             match qos {
                 QoS::AtMostOnce => {}
-                QoS::AtLeastOnce => self.reply(Packet::PubAck(ack)),
-                QoS::ExactlyOnce => self.reply(Packet::PubRec(ack)),
+                QoS::AtLeastOnce => self.reply(&Packet::PubAck(ack), out),
+                QoS::ExactlyOnce => self.reply(&Packet::PubRec(ack), out),
             }
             return Flow::Continue;
         }
-        let msg = || {
-            Message::from_publish(
-                p,
-                Instant::now(),
-                self.session.id,
-                self.session.client_id.clone(),
-            )
-        };
+        let msg =
+            || Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
         match qos {
             QoS::AtMostOnce => self.broker.publish(msg()),
             QoS::AtLeastOnce => {
                 self.broker.publish(msg());
-                self.reply(Packet::PubAck(Ack::new(id)));
+                self.reply(&Packet::PubAck(Ack::new(id)), out);
             }
             QoS::ExactlyOnce => {
                 let first = {
@@ -180,7 +168,7 @@ impl<'a> Inbound<'a> {
                 if first {
                     self.broker.publish(msg());
                 }
-                self.reply(Packet::PubRec(Ack::new(id)));
+                self.reply(&Packet::PubRec(Ack::new(id)), out);
             }
         }
         Flow::Continue
@@ -189,7 +177,5 @@ impl<'a> Inbound<'a> {
 
 /// True for `$SYS` and everything below it.
 fn is_sys_topic(topic: &str) -> bool {
-    topic
-        .strip_prefix("$SYS")
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    topic.strip_prefix("$SYS").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }

@@ -1,58 +1,62 @@
-//! One client connection over any byte stream: read CONNECT, attach the session, then run a
-//! reader (decode and handle inbound packets) and a writer (encode what the session has ready)
-//! side by side until either ends.
+//! One client connection over any byte stream: read CONNECT, attach the session, then one task
+//! reads and handles inbound packets and writes replies and deliveries, so a client's PUBACK
+//! goes out with the deliveries of the same turn and nothing waits for a second task.
 
 mod inbound;
-mod writer;
+mod read_buffer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
 use braid_proto::{
-    decode, encode, BytesMut, ConnAck, Connect, DecodeError, Packet, Properties, ProtocolVersion,
+    decode, encode, BytesMut, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties, ProtocolVersion,
     ReasonCode,
 };
 
 use crate::broker::{Accepted, Broker, Ending};
+use crate::metrics::Metrics;
 use inbound::{Flow, Inbound};
+use read_buffer::ReadBuffer;
 
-/// Read buffer kept by an idle connection; larger buffers are released once drained.
-const IDLE_READ_CAPACITY: usize = 1024;
-/// Bytes read per syscall at most when the buffer must grow.
-const READ_CHUNK: usize = 16 * 1024;
+/// Bytes of deliveries encoded before writing; more stays queued until the write completes.
+const WRITE_BUDGET: usize = 64 * 1024;
+/// A write buffer that grew beyond this is released once written.
+const KEEP_WRITE_CAPACITY: usize = 16 * 1024;
 
 /// Serves one client on `rd`/`wr` until it disconnects, misbehaves, is taken over or the
 /// broker shuts down.
 pub async fn serve<R, W>(broker: Arc<Broker>, mut rd: R, mut wr: W, peer: SocketAddr)
 where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
 {
-    let mut rbuf = BytesMut::with_capacity(IDLE_READ_CAPACITY);
+    let mut rbuf = ReadBuffer::default();
     let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
-    let max = broker.config.mqtt.max_packet_size;
-    let connect =
-        match tokio::time::timeout(timeout, read_connect(&mut rd, &mut rbuf, max, &broker)).await {
-            Err(_) => {
-                info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
-                return;
-            }
-            Ok(Err(FirstPacket::Eof)) => return,
-            Ok(Err(FirstPacket::Refuse(version, reason, why))) => {
-                info!(%peer, "refusing connection: {why}");
-                refuse(&mut wr, version, reason).await;
-                return;
-            }
-            Ok(Err(FirstPacket::Close(why))) => {
-                info!(%peer, "closing connection: {why}");
-                return;
-            }
-            Ok(Ok(c)) => c,
-        };
+    let first = tokio::select! {
+        first = tokio::time::timeout(timeout, read_connect(&mut rd, &mut rbuf, &broker)) => first,
+        _ = broker.shutdown.cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
+    };
+    let connect = match first {
+        Err(_) => {
+            info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
+            return;
+        }
+        Ok(Err(FirstPacket::Eof)) => return,
+        Ok(Err(FirstPacket::Refuse(why))) => {
+            info!(%peer, "refusing connection: {why}");
+            refuse(&mut wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion).await;
+            return;
+        }
+        Ok(Err(FirstPacket::Close(why))) => {
+            info!(%peer, "closing connection: {why}");
+            return;
+        }
+        Ok(Ok(c)) => c,
+    };
     let version = connect.protocol;
     let accepted = match broker.connect(&connect) {
         Ok(a) => a,
@@ -62,18 +66,12 @@ where
             return;
         }
     };
+    drop(connect);
     let client_id = accepted.session.client_id.clone();
     debug!(%peer, %client_id, ?version, "client connected");
-    let writer = tokio::spawn(writer::run(
-        broker.clone(),
-        accepted.session.clone(),
-        accepted.generation,
-        accepted.ctl.clone(),
-        version,
-        wr,
-    ));
-    let ending = read_loop(&broker, &accepted, version, rd, rbuf, peer).await;
-    let _ = writer.await;
+    let mut conn = Connection { broker: &broker, a: &accepted, version, peer, out: BytesMut::new() };
+    let ending = conn.run(&mut rd, &mut wr, rbuf).await;
+    conn.close(&mut wr).await;
     debug!(%peer, %client_id, ?ending, "client disconnected");
     broker.disconnected(&accepted.session, accepted.generation, ending);
 }
@@ -81,38 +79,30 @@ where
 enum FirstPacket {
     Eof,
     Close(String),
-    Refuse(ProtocolVersion, ReasonCode, String),
+    Refuse(String),
 }
 
 async fn read_connect<R: AsyncRead + Unpin>(
     rd: &mut R,
-    rbuf: &mut BytesMut,
-    max: u32,
+    rbuf: &mut ReadBuffer,
     broker: &Broker,
 ) -> Result<Box<Connect>, FirstPacket> {
+    let max = broker.config.mqtt.max_packet_size;
     loop {
-        match decode(rbuf, ProtocolVersion::V3_1_1, max) {
+        match decode(rbuf.bytes(), ProtocolVersion::V3_1_1, max) {
             Ok(Some(Packet::Connect(c))) => return Ok(c),
             Ok(Some(p)) => {
-                return Err(FirstPacket::Close(format!(
-                    "first packet was {}, not CONNECT",
-                    p.name()
-                )))
+                return Err(FirstPacket::Close(format!("first packet was {}, not CONNECT", p.name())))
             }
             Ok(None) => {}
             Err(DecodeError::UnsupportedProtocol) => {
-                return Err(FirstPacket::Refuse(
-                    ProtocolVersion::V3_1_1,
-                    ReasonCode::UnsupportedProtocolVersion,
-                    "unsupported protocol name or level".into(),
-                ))
+                return Err(FirstPacket::Refuse("unsupported protocol name or level".into()))
             }
             Err(e) => return Err(FirstPacket::Close(format!("bad CONNECT: {e}"))),
         }
-        rbuf.reserve(IDLE_READ_CAPACITY);
-        match rd.read_buf(rbuf).await {
+        match rbuf.read_from(rd).await {
             Ok(0) | Err(_) => return Err(FirstPacket::Eof),
-            Ok(n) => crate::metrics::Metrics::add(&broker.metrics.bytes_received, n as u64),
+            Ok(n) => Metrics::add(&broker.metrics.bytes_received, n as u64),
         }
     }
 }
@@ -120,98 +110,152 @@ async fn read_connect<R: AsyncRead + Unpin>(
 /// Writes a refusing CONNACK and closes.
 async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
     let mut buf = BytesMut::new();
-    let ack = ConnAck {
-        session_present: false,
-        reason,
-        properties: Properties::default(),
-    };
+    let ack = ConnAck { session_present: false, reason, properties: Properties::default() };
     if encode(&Packet::ConnAck(ack), version, &mut buf).is_ok() {
         let _ = tokio::time::timeout(Duration::from_secs(1), wr.write_all(&buf)).await;
     }
     let _ = wr.shutdown().await;
 }
 
-/// Reads and handles packets until the connection ends; returns how it ended.
-async fn read_loop<R: AsyncRead + Unpin>(
-    broker: &Arc<Broker>,
-    a: &Accepted,
+/// An accepted connection.
+struct Connection<'a> {
+    broker: &'a Arc<Broker>,
+    a: &'a Accepted,
     version: ProtocolVersion,
-    mut rd: R,
-    mut rbuf: BytesMut,
     peer: SocketAddr,
-) -> Ending {
-    let mut inbound = Inbound::new(broker, &a.session, version);
-    let max = broker.config.mqtt.max_packet_size;
-    // Keep alive counts every byte that arrives, so a large packet still arriving over a slow
-    // link keeps the client alive (the spec only requires 1.5x the interval without a packet).
-    let grace = (a.keep_alive > 0).then(|| Duration::from_millis(u64::from(a.keep_alive) * 1500));
-    let mut last_activity = Instant::now();
-    let far = Duration::from_secs(86_400 * 365);
-    let check = tokio::time::sleep(grace.unwrap_or(far));
-    tokio::pin!(check);
-    loop {
-        // Handle everything already buffered (the CONNECT read may have brought more).
-        let flow = loop {
-            match decode(&mut rbuf, version, max) {
-                Ok(Some(p)) => match inbound.handle(p) {
-                    Flow::Continue => continue,
-                    other => break other,
-                },
-                Ok(None) => break Flow::Continue,
-                Err(e) => {
-                    info!(%peer, client_id = %a.session.client_id, "closing connection: {e}");
-                    break Flow::Close(e.reason_code());
+    /// Encoded bytes not yet written.
+    out: BytesMut,
+}
+
+impl Connection<'_> {
+    /// Reads, handles and writes until the connection ends; returns how it ended.
+    async fn run<R, W>(&mut self, rd: &mut R, wr: &mut W, mut rbuf: ReadBuffer) -> Ending
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let (broker, a) = (self.broker, self.a);
+        let _ = encode(&Packet::ConnAck(a.connack.clone()), self.version, &mut self.out);
+        let mut inbound = Inbound::new(broker, &a.session, self.version);
+        let max = broker.config.mqtt.max_packet_size;
+        // Keep alive counts every byte that arrives, so a large packet still arriving over a
+        // slow link keeps its client alive (the spec only asks for 1.5x without a packet).
+        let grace = Duration::from_millis(u64::from(a.keep_alive) * 1500);
+        let grace = if a.keep_alive == 0 { Duration::from_secs(86_400 * 365) } else { grace };
+        let mut last_activity = Instant::now();
+        let check = tokio::time::sleep(grace);
+        tokio::pin!(check);
+        // Deliveries may be waiting already (a resumed session): look before the first wait.
+        let mut transmit = true;
+        loop {
+            let flow = loop {
+                match decode(rbuf.bytes(), self.version, max) {
+                    Ok(Some(p)) => match inbound.handle(p, &mut self.out) {
+                        Flow::Continue => continue,
+                        other => break other,
+                    },
+                    Ok(None) => break Flow::Continue,
+                    Err(e) => {
+                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {e}");
+                        break Flow::Close(e.reason_code());
+                    }
                 }
-            }
-        };
-        inbound.flush();
-        match flow {
-            Flow::Continue => {}
-            Flow::End(ending) => {
-                a.ctl.close(ReasonCode::Success);
-                return ending;
-            }
-            Flow::Close(reason) => {
-                if reason != ReasonCode::MalformedPacket {
-                    info!(%peer, client_id = %a.session.client_id, "closing connection: {}", reason.description());
-                }
-                a.ctl.close(reason);
-                return Ending::WithWill;
-            }
-        }
-        if rbuf.is_empty() && rbuf.capacity() > READ_CHUNK {
-            rbuf = BytesMut::with_capacity(IDLE_READ_CAPACITY);
-        }
-        if rbuf.capacity() - rbuf.len() < IDLE_READ_CAPACITY / 2 {
-            rbuf.reserve(READ_CHUNK.min(rbuf.len().max(IDLE_READ_CAPACITY)));
-        }
-        tokio::select! {
-            r = rd.read_buf(&mut rbuf) => match r {
-                Ok(0) | Err(_) => {
+            };
+            match flow {
+                Flow::Continue => {}
+                Flow::End(ending) => {
                     a.ctl.close(ReasonCode::Success);
+                    return ending;
+                }
+                Flow::Close(reason) => {
+                    if reason != ReasonCode::MalformedPacket {
+                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {}", reason.description());
+                    }
+                    a.ctl.close(reason);
                     return Ending::WithWill;
                 }
-                Ok(n) => {
-                    last_activity = Instant::now();
-                    crate::metrics::Metrics::add(&broker.metrics.bytes_received, n as u64);
-                }
-            },
-            _ = &mut check => {
-                let grace = grace.unwrap_or(far);
-                let deadline = last_activity + grace;
-                if Instant::now() >= deadline {
-                    info!(%peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
-                    a.ctl.close(ReasonCode::KeepAliveTimeout);
-                    return Ending::WithWill;
-                }
-                check.as_mut().reset(tokio::time::Instant::from_std(deadline));
             }
-            _ = a.ctl.closed() => {
-                return match a.ctl.reason() {
-                    ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
-                    _ => Ending::WithWill,
-                };
+            transmit |= inbound.take_transmit();
+            if transmit && self.out.len() < WRITE_BUDGET {
+                transmit = self.poll_transmit();
+            }
+            tokio::select! {
+                biased;
+                _ = a.ctl.closed() => {
+                    return match a.ctl.reason() {
+                        ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
+                        _ => Ending::WithWill,
+                    };
+                }
+                written = wr.write(&self.out), if !self.out.is_empty() => match written {
+                    Ok(n) if n > 0 => {
+                        let _ = self.out.split_to(n);
+                        Metrics::add(&broker.metrics.bytes_sent, n as u64);
+                        if self.out.is_empty() && self.out.capacity() > KEEP_WRITE_CAPACITY {
+                            self.out = BytesMut::new();
+                        }
+                    }
+                    _ => {
+                        a.ctl.close(ReasonCode::Success);
+                        return Ending::WithWill;
+                    }
+                },
+                read = rbuf.read_from(rd) => match read {
+                    Ok(0) | Err(_) => {
+                        a.ctl.close(ReasonCode::Success);
+                        return Ending::WithWill;
+                    }
+                    Ok(n) => {
+                        last_activity = Instant::now();
+                        Metrics::add(&broker.metrics.bytes_received, n as u64);
+                    }
+                },
+                _ = a.session.woken(), if self.out.is_empty() => transmit = true,
+                _ = &mut check => {
+                    let deadline = last_activity + grace;
+                    if Instant::now() >= deadline {
+                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
+                        a.ctl.close(ReasonCode::KeepAliveTimeout);
+                        return Ending::WithWill;
+                    }
+                    check.as_mut().reset(tokio::time::Instant::from_std(deadline));
+                }
             }
         }
+    }
+
+    /// Encodes what the session has ready; true if more is ready than fitted.
+    fn poll_transmit(&mut self) -> bool {
+        let t = {
+            let mut st = self.a.session.lock();
+            if !st.is_attached(self.a.generation) {
+                return false;
+            }
+            st.poll_transmit(Instant::now(), &mut self.out, WRITE_BUDGET)
+        };
+        let m = &self.broker.metrics;
+        Metrics::add(&m.messages_sent, t.published);
+        Metrics::add(&m.messages_dropped, t.dropped);
+        t.more
+    }
+
+    /// Sends the closing DISCONNECT (v5, when the broker closes with an error reason) after
+    /// whatever was already encoded, then shuts the stream down; bounded to one second.
+    async fn close<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
+        let reason = self.a.ctl.reason();
+        if !reason.is_error() {
+            self.out.clear();
+        } else if self.version.is_v5() {
+            let d = Disconnect { reason, properties: Properties::default() };
+            let _ = encode(&Packet::Disconnect(d), self.version, &mut self.out);
+        }
+        let out = &self.out;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            if !out.is_empty() {
+                wr.write_all(out).await?;
+            }
+            wr.shutdown().await
+        })
+        .await;
     }
 }

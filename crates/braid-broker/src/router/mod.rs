@@ -38,10 +38,7 @@ pub struct Router {
 impl Router {
     /// An empty table whose shared groups use `strategy`.
     pub fn new(strategy: SharedStrategy) -> Router {
-        Router {
-            trie: Trie::default(),
-            strategy,
-        }
+        Router { trie: Trie::default(), strategy }
     }
 
     /// Adds or replaces the subscription of `entry.session` to `filter` (in `group` if shared).
@@ -70,11 +67,7 @@ impl Router {
     pub fn route<'a>(&'a self, msg: &Message, out: &mut Vec<&'a SubEntry>) {
         let strategy = self.strategy;
         self.trie.matches(&msg.topic, &mut |slot| {
-            out.extend(
-                slot.subs
-                    .iter()
-                    .filter(|e| !(e.options.no_local && e.session.id == msg.origin)),
-            );
+            out.extend(slot.subs.iter().filter(|e| !(e.options.no_local && e.session.id == msg.origin)));
             out.extend(slot.groups.iter().filter_map(|g| g.pick(strategy, msg)));
         });
     }
@@ -88,11 +81,8 @@ mod tests {
     use braid_proto::{ByteString, Bytes};
 
     fn session(id: u64) -> Arc<Session> {
-        let limits = QueueLimits {
-            max_messages: 10,
-            queue_qos0: false,
-            overflow: OverflowPolicy::DropNewest,
-        };
+        let limits =
+            QueueLimits { max_messages: 10, queue_qos0: false, overflow: OverflowPolicy::DropNewest };
         Arc::new(Session::new(id, ByteString::from(format!("c{id}")), limits))
     }
 
@@ -149,10 +139,7 @@ mod tests {
         let mut r = Router::new(SharedStrategy::RoundRobin);
         let s = session(1);
         assert!(r.subscribe("a/+/c", None, entry(&s)));
-        assert!(
-            !r.subscribe("a/+/c", None, entry(&s)),
-            "same filter again replaces"
-        );
+        assert!(!r.subscribe("a/+/c", None, entry(&s)), "same filter again replaces");
         assert_eq!(r.len(), 1);
         assert!(r.unsubscribe("a/+/c", None, 1));
         assert!(!r.unsubscribe("a/+/c", None, 1));
@@ -184,15 +171,8 @@ mod tests {
         let picks: Vec<Vec<u64>> = (0..4).map(|_| routed(&r, "t")).collect();
         assert_eq!(picks, [vec![1], vec![2], vec![1], vec![2]]);
         // Only b online: b gets everything.
-        let l = crate::session::Link {
-            generation: 0,
-            version: braid_proto::ProtocolVersion::V5,
-            max_packet_size: u32::MAX,
-            window: 10,
-            aliases: crate::session::OutboundAliases::new(0),
-            control: Vec::new(),
-            ctl: Arc::new(crate::control::ConnControl::new(&Default::default())),
-        };
+        let ctl = Arc::new(crate::control::ConnControl::new(&Default::default()));
+        let l = crate::session::Link::new(braid_proto::ProtocolVersion::V5, 10, u32::MAX, 0, ctl);
         b.lock().attach(l);
         assert!((0..4).all(|_| routed(&r, "t") == [2]));
     }

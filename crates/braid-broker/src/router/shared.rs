@@ -21,11 +21,7 @@ pub struct Group {
 impl Group {
     /// An empty group.
     pub fn new(name: &str) -> Group {
-        Group {
-            name: name.into(),
-            members: Vec::new(),
-            cursor: AtomicUsize::new(0),
-        }
+        Group { name: name.into(), members: Vec::new(), cursor: AtomicUsize::new(0) }
     }
 
     /// The member that gets `msg`. The strategy names a first choice; a member that is offline

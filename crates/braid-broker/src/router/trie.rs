@@ -81,10 +81,7 @@ struct Node {
 
 impl Node {
     fn is_empty(&self) -> bool {
-        self.children.is_empty()
-            && self.plus.is_none()
-            && self.here.is_empty()
-            && self.multi.is_empty()
+        self.children.is_empty() && self.plus.is_none() && self.here.is_empty() && self.multi.is_empty()
     }
 }
 

@@ -25,10 +25,7 @@ pub enum AliasUse {
 impl OutboundAliases {
     /// Aliases for a client that accepts up to `max` (its Topic Alias Maximum).
     pub fn new(max: u16) -> OutboundAliases {
-        OutboundAliases {
-            max,
-            assigned: HashMap::new(),
-        }
+        OutboundAliases { max, assigned: HashMap::new() }
     }
 
     /// The alias to use for `topic`, defining a new one while the client's maximum allows.

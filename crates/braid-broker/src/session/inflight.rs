@@ -26,11 +26,14 @@ pub struct Entry {
     pub unsent: bool,
 }
 
-/// The window of unacknowledged deliveries, in send order.
+/// The window of unacknowledged deliveries, in send order. Entries still to be resent on the
+/// current connection always follow the ones already sent: a resume marks every entry, resends
+/// go front to back, and new entries are only added once nothing is left to resend.
 #[derive(Debug, Default)]
 pub struct Inflight {
     entries: VecDeque<Entry>,
     next_id: u16,
+    unsent: usize,
 }
 
 impl Inflight {
@@ -44,15 +47,16 @@ impl Inflight {
         self.entries.is_empty()
     }
 
-    /// Adds a delivery with a fresh packet id (one not in use) and returns that id.
+    /// Number of entries sent on the current connection (what counts against its window).
+    pub fn sent(&self) -> usize {
+        self.entries.len() - self.unsent
+    }
+
+    /// Adds a delivery, sent now, with a fresh packet id (one not in use) and returns that id.
     pub fn push(&mut self, delivery: Delivery) -> u16 {
+        debug_assert_eq!(self.unsent, 0, "resends go first");
         let id = self.free_id();
-        self.entries.push_back(Entry {
-            packet_id: id,
-            delivery,
-            stage: Stage::Published,
-            unsent: false,
-        });
+        self.entries.push_back(Entry { packet_id: id, delivery, stage: Stage::Published, unsent: false });
         id
     }
 
@@ -70,16 +74,16 @@ impl Inflight {
     }
 
     fn position(&self, id: u16, stage: Stage) -> Option<usize> {
-        self.entries
-            .iter()
-            .position(|e| e.packet_id == id && e.stage == stage)
+        self.entries.iter().position(|e| e.packet_id == id && e.stage == stage)
     }
 
     /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. False if `id` is unknown.
     pub fn complete(&mut self, id: u16, stage: Stage) -> bool {
         match self.position(id, stage) {
             Some(i) => {
-                self.entries.remove(i);
+                if self.entries.remove(i).is_some_and(|e| e.unsent) {
+                    self.unsent -= 1;
+                }
                 true
             }
             None => false,
@@ -102,14 +106,20 @@ impl Inflight {
         for e in &mut self.entries {
             e.unsent = true;
         }
+        self.unsent = self.entries.len();
     }
 
-    /// Entries that must be resent on this connection, oldest first, marked sent as returned.
-    pub fn take_unsent(&mut self) -> impl Iterator<Item = &Entry> + '_ {
-        self.entries.iter_mut().filter(|e| e.unsent).map(|e| {
-            e.unsent = false;
-            &*e
-        })
+    /// The oldest entry still to be resent on this connection, now marked sent.
+    pub fn next_unsent(&mut self) -> Option<&Entry> {
+        if self.unsent == 0 {
+            return None;
+        }
+        let i = self.entries.len() - self.unsent;
+        self.unsent -= 1;
+        let e = &mut self.entries[i];
+        debug_assert!(e.unsent);
+        e.unsent = false;
+        Some(e)
     }
 }
 
@@ -130,10 +140,7 @@ mod tests {
 
     #[test]
     fn ids_skip_zero_and_ids_in_use() {
-        let mut w = Inflight {
-            next_id: u16::MAX - 1,
-            ..Default::default()
-        };
+        let mut w = Inflight { next_id: u16::MAX - 1, ..Default::default() };
         assert_eq!(w.push(delivery()), u16::MAX);
         assert_eq!(w.push(delivery()), 1);
         w.next_id = 0;
@@ -144,10 +151,7 @@ mod tests {
     fn qos2_moves_through_release_to_complete() {
         let mut w = Inflight::default();
         let id = w.push(delivery());
-        assert!(
-            !w.complete(id, Stage::Released),
-            "PUBCOMP before PUBREC is unknown"
-        );
+        assert!(!w.complete(id, Stage::Released), "PUBCOMP before PUBREC is unknown");
         assert!(w.release(id));
         assert!(w.release(id), "a repeated PUBREC is harmless");
         assert!(w.complete(id, Stage::Released));
@@ -160,7 +164,14 @@ mod tests {
         w.push(delivery());
         w.push(delivery());
         w.mark_all_unsent();
-        assert_eq!(w.take_unsent().count(), 2);
-        assert_eq!(w.take_unsent().count(), 0);
+        assert_eq!(w.sent(), 0);
+        assert!(w.next_unsent().is_some());
+        assert_eq!(w.sent(), 1);
+        let second = w.next_unsent().unwrap().packet_id;
+        assert!(w.next_unsent().is_none());
+        w.mark_all_unsent();
+        assert!(w.complete(second, Stage::Published), "acked before it was resent");
+        assert!(w.next_unsent().is_some());
+        assert!(w.next_unsent().is_none());
     }
 }

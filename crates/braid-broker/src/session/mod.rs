@@ -32,12 +32,7 @@ pub struct Session {
 impl Session {
     /// A new offline session.
     pub fn new(id: u64, client_id: ByteString, limits: QueueLimits) -> Session {
-        Session {
-            id,
-            client_id,
-            state: Mutex::new(SessionState::new(limits)),
-            wake: Notify::new(),
-        }
+        Session { id, client_id, state: Mutex::new(SessionState::new(limits)), wake: Notify::new() }
     }
 
     /// Locks the state.

@@ -42,10 +42,7 @@ pub struct Queue {
 impl Queue {
     /// An empty queue.
     pub fn new(limits: QueueLimits) -> Queue {
-        Queue {
-            items: VecDeque::new(),
-            limits,
-        }
+        Queue { items: VecDeque::new(), limits }
     }
 
     /// Offers a delivery; `online` tells whether a client is connected.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::{
-    encode, encoded_len, Ack, ByteString, BytesMut, LastWill, Packet, Properties, ProtocolVersion,
-    Publish, QoS, ReasonCode, SubscriptionOptions,
+    encode, encoded_len, Ack, ByteString, BytesMut, LastWill, Packet, Properties, ProtocolVersion, Publish,
+    QoS, ReasonCode, SubscriptionOptions,
 };
 
 use super::alias::{AliasUse, OutboundAliases};
@@ -39,10 +39,23 @@ pub struct Link {
     pub window: usize,
     /// Server-assigned topic aliases.
     pub aliases: OutboundAliases,
-    /// Replies (CONNACK, acks, SUBACK, PINGRESP ...) waiting to be written.
-    pub control: Vec<Packet>,
     /// Closes the connection (takeover, protocol error, shutdown).
     pub ctl: Arc<ConnControl>,
+}
+
+impl Link {
+    /// The outbound state of a new connection; the generation is set by
+    /// [`SessionState::attach`].
+    pub fn new(
+        version: ProtocolVersion,
+        window: usize,
+        max_packet_size: u32,
+        topic_alias_maximum: u16,
+        ctl: Arc<ConnControl>,
+    ) -> Link {
+        let aliases = OutboundAliases::new(topic_alias_maximum);
+        Link { generation: 0, version, max_packet_size, window, aliases, ctl }
+    }
 }
 
 /// What one call of [`SessionState::poll_transmit`] produced.
@@ -72,7 +85,7 @@ pub struct SessionState {
     /// Session Expiry Interval in seconds (`u32::MAX` never expires).
     pub expiry_secs: u32,
     /// Will message of the attached (or last) connection, with its delay.
-    pub will: Option<LastWill>,
+    pub will: Option<Box<LastWill>>,
     /// Attachments so far; the current link carries the latest.
     pub generation: u64,
     /// Deliveries this session has dropped (queue full, expired, too large).
@@ -97,9 +110,7 @@ impl SessionState {
 
     /// True while connection `generation` is the attached one.
     pub fn is_attached(&self, generation: u64) -> bool {
-        self.link
-            .as_ref()
-            .is_some_and(|l| l.generation == generation)
+        self.link.as_ref().is_some_and(|l| l.generation == generation)
     }
 
     /// True while a client is attached.
@@ -143,32 +154,24 @@ impl SessionState {
         self.is_online() && !self.queue.is_full()
     }
 
-    /// Queues a reply to the attached client. Dropped if nobody is attached.
-    pub fn reply(&mut self, p: Packet) {
-        if let Some(link) = self.link.as_mut() {
-            link.control.push(p);
-        }
-    }
-
     /// PUBACK from the client. False if the id is unknown.
     pub fn on_puback(&mut self, id: u16) -> bool {
         self.inflight.complete(id, Stage::Published)
     }
 
-    /// PUBREC from the client: answer PUBREL (or finish, if the client refused the message).
-    /// False if the id is unknown.
-    pub fn on_pubrec(&mut self, ack: &Ack) -> bool {
+    /// PUBREC from the client: the PUBREL to answer with, or None if the client refused the
+    /// message (a failure reason ends the exchange).
+    pub fn on_pubrec(&mut self, ack: &Ack) -> Option<Ack> {
         if ack.reason.is_error() {
-            return self.inflight.complete(ack.packet_id, Stage::Published);
+            self.inflight.complete(ack.packet_id, Stage::Published);
+            return None;
         }
-        let known = self.inflight.release(ack.packet_id);
-        let reason = if known {
+        let reason = if self.inflight.release(ack.packet_id) {
             ReasonCode::Success
         } else {
             ReasonCode::PacketIdentifierNotFound
         };
-        self.reply(Packet::PubRel(Ack::with_reason(ack.packet_id, reason)));
-        known
+        Some(Ack::with_reason(ack.packet_id, reason))
     }
 
     /// PUBCOMP from the client. False if the id is unknown.
@@ -177,24 +180,27 @@ impl SessionState {
     }
 
     /// Encodes what is ready for the attached client into `buf`, stopping once `buf` holds
-    /// `budget` bytes: replies first, then resends of unacknowledged deliveries (DUP), then
-    /// queued deliveries while the in-flight window has room.
+    /// `budget` bytes: resends of unacknowledged deliveries (DUP) first, then queued
+    /// deliveries while the in-flight window has room.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut BytesMut, budget: usize) -> Transmit {
         let mut t = Transmit::default();
         let Some(link) = self.link.as_mut() else {
             return t;
         };
         let version = link.version;
-        for p in link.control.drain(..) {
-            // Replies are small and well-formed; the only failure is AUTH on 3.1.x, never built.
-            let _ = encode(&p, version, buf);
-        }
-        for e in self.inflight.take_unsent() {
+        // Resends count against the window of the new connection, which may be smaller.
+        while self.inflight.sent() < link.window {
+            let Some(e) = self.inflight.next_unsent() else { break };
             let p = match e.stage {
-                Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now)
-                {
+                Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
                     Some(p) => Packet::Publish(p),
-                    None => continue,
+                    None => {
+                        // Too large for the client now: discard it as if sent (MQTT-3.1.2-25).
+                        let (id, stage) = (e.packet_id, e.stage);
+                        self.inflight.complete(id, stage);
+                        t.dropped += 1;
+                        continue;
+                    }
                 },
                 Stage::Released => Packet::PubRel(Ack::new(e.packet_id)),
             };
@@ -233,24 +239,14 @@ const ALIAS_PROPERTY_LEN: usize = 3;
 
 /// The PUBLISH for one delivery on this link, with expiry, subscription id and topic alias
 /// applied; `None` if it exceeds the client's Maximum Packet Size (the spec says drop it).
-fn publish_packet(
-    link: &mut Link,
-    d: &Delivery,
-    packet_id: u16,
-    dup: bool,
-    now: Instant,
-) -> Option<Publish> {
+fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now: Instant) -> Option<Publish> {
     let msg = &d.msg;
     let mut p = Publish {
         dup: dup && d.qos != QoS::AtMostOnce,
         qos: d.qos,
         retain: d.retain,
         topic: msg.topic.clone(),
-        packet_id: if d.qos == QoS::AtMostOnce {
-            0
-        } else {
-            packet_id.max(1)
-        },
+        packet_id: if d.qos == QoS::AtMostOnce { 0 } else { packet_id.max(1) },
         properties: Properties::default(),
         payload: msg.payload.clone(),
     };
@@ -261,9 +257,7 @@ fn publish_packet(
     }
     let p = Packet::Publish(p);
     let len = encoded_len(&p, link.version);
-    let Packet::Publish(mut p) = p else {
-        unreachable!("built as a PUBLISH above")
-    };
+    let Packet::Publish(mut p) = p else { unreachable!("built as a PUBLISH above") };
     let max = link.max_packet_size as usize;
     if len > max {
         return None;
@@ -290,32 +284,17 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     fn limits(max: usize) -> QueueLimits {
-        QueueLimits {
-            max_messages: max,
-            queue_qos0: false,
-            overflow: OverflowPolicy::DropNewest,
-        }
+        QueueLimits { max_messages: max, queue_qos0: false, overflow: OverflowPolicy::DropNewest }
     }
 
     fn link(version: ProtocolVersion, window: usize, alias_max: u16) -> Link {
-        Link {
-            generation: 0,
-            version,
-            max_packet_size: u32::MAX,
-            window,
-            aliases: OutboundAliases::new(alias_max),
-            control: Vec::new(),
-            ctl: Arc::new(ConnControl::new(&CancellationToken::new())),
-        }
+        let ctl = Arc::new(ConnControl::new(&CancellationToken::new()));
+        Link::new(version, window, u32::MAX, alias_max, ctl)
     }
 
     fn delivery(topic: &'static str, qos: QoS) -> Delivery {
         Delivery {
-            msg: Message::internal(
-                ByteString::from_static(topic),
-                Bytes::from_static(b"payload"),
-                false,
-            ),
+            msg: Message::internal(ByteString::from_static(topic), Bytes::from_static(b"payload"), false),
             qos,
             retain: false,
             sub_id: None,
@@ -335,16 +314,7 @@ mod tests {
     }
 
     fn publishes(packets: &[Packet]) -> Vec<&Publish> {
-        packets
-            .iter()
-            .filter_map(|p| {
-                if let Packet::Publish(p) = p {
-                    Some(p)
-                } else {
-                    None
-                }
-            })
-            .collect()
+        packets.iter().filter_map(|p| if let Packet::Publish(p) = p { Some(p) } else { None }).collect()
     }
 
     #[test]
@@ -359,10 +329,7 @@ mod tests {
         assert_eq!(ids.len(), 2, "Receive Maximum 2 allows two in flight");
         assert!(transmit(&mut st, Instant::now()).is_empty());
         assert!(st.on_puback(ids[0]));
-        assert!(
-            !st.on_puback(ids[0]),
-            "a second PUBACK for the same id is unknown"
-        );
+        assert!(!st.on_puback(ids[0]), "a second PUBACK for the same id is unknown");
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 1);
     }
 
@@ -374,9 +341,7 @@ mod tests {
             st.enqueue(delivery("t", QoS::AtMostOnce));
         }
         let sent = transmit(&mut st, Instant::now());
-        assert!(publishes(&sent)
-            .iter()
-            .all(|p| p.packet_id == 0 && p.qos == QoS::AtMostOnce));
+        assert!(publishes(&sent).iter().all(|p| p.packet_id == 0 && p.qos == QoS::AtMostOnce));
         assert_eq!(sent.len(), 3);
     }
 
@@ -387,17 +352,11 @@ mod tests {
         st.enqueue(delivery("a", QoS::AtLeastOnce));
         st.enqueue(delivery("b", QoS::ExactlyOnce));
         let sent = transmit(&mut st, Instant::now());
-        let first = publishes(&sent)
-            .iter()
-            .map(|p| (p.packet_id, p.dup))
-            .collect::<Vec<_>>();
+        let first = publishes(&sent).iter().map(|p| (p.packet_id, p.dup)).collect::<Vec<_>>();
         assert_eq!(first.iter().filter(|(_, dup)| *dup).count(), 0);
         let qos2_id = first[1].0;
-        st.on_pubrec(&Ack::new(qos2_id));
-        assert!(matches!(
-            transmit(&mut st, Instant::now())[..],
-            [Packet::PubRel(_)]
-        ));
+        assert_eq!(st.on_pubrec(&Ack::new(qos2_id)), Some(Ack::new(qos2_id)));
+        assert!(transmit(&mut st, Instant::now()).is_empty(), "nothing new to send");
         assert!(st.detach(g));
         st.attach(link(ProtocolVersion::V3_1_1, 10, 0));
         let again = transmit(&mut st, Instant::now());
@@ -409,22 +368,10 @@ mod tests {
     #[test]
     fn offline_session_queues_qos1_not_qos0_and_counts_overflow() {
         let mut st = SessionState::new(limits(2));
-        assert_eq!(
-            st.enqueue(delivery("t", QoS::AtMostOnce)),
-            Enqueued::SkippedOffline
-        );
-        assert_eq!(
-            st.enqueue(delivery("t", QoS::AtLeastOnce)),
-            Enqueued::Queued
-        );
-        assert_eq!(
-            st.enqueue(delivery("t", QoS::ExactlyOnce)),
-            Enqueued::Queued
-        );
-        assert_eq!(
-            st.enqueue(delivery("t", QoS::AtLeastOnce)),
-            Enqueued::DroppedFull
-        );
+        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::SkippedOffline);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
+        assert_eq!(st.enqueue(delivery("t", QoS::ExactlyOnce)), Enqueued::Queued);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::DroppedFull);
         assert_eq!(st.dropped, 1);
         st.attach(link(ProtocolVersion::V5, 10, 0));
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 2);
@@ -435,10 +382,7 @@ mod tests {
         let mut st = SessionState::new(limits(10));
         st.attach(link(ProtocolVersion::V5, 10, 0));
         let now = Instant::now();
-        let mut props = Properties {
-            message_expiry_interval: Some(10),
-            ..Default::default()
-        };
+        let mut props = Properties { message_expiry_interval: Some(10), ..Default::default() };
         let make = |props: Properties| Publish {
             qos: QoS::AtLeastOnce,
             topic: ByteString::from_static("t"),
@@ -450,12 +394,7 @@ mod tests {
         props.message_expiry_interval = Some(1);
         let dead = Message::from_publish(make(props), now, 1, ByteString::new());
         for msg in [dead, live] {
-            st.enqueue(Delivery {
-                msg,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                sub_id: None,
-            });
+            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None });
         }
         let later = now + std::time::Duration::from_secs(4);
         let sent = transmit(&mut st, later);
@@ -472,21 +411,13 @@ mod tests {
         l.max_packet_size = 20;
         st.attach(l);
         let mut big = delivery("t", QoS::AtLeastOnce);
-        big.msg = Message::internal(
-            ByteString::from_static("t"),
-            Bytes::from(vec![0u8; 100]),
-            false,
-        );
+        big.msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0u8; 100]), false);
         st.enqueue(big);
         st.enqueue(delivery("t", QoS::AtLeastOnce));
         let sent = transmit(&mut st, Instant::now());
         assert_eq!(publishes(&sent).len(), 1);
         assert_eq!(st.dropped, 1);
-        assert_eq!(
-            st.inflight.len(),
-            1,
-            "the dropped message took no packet id"
-        );
+        assert_eq!(st.inflight.len(), 1, "the dropped message took no packet id");
     }
 
     #[test]
@@ -497,24 +428,17 @@ mod tests {
         st.enqueue(delivery("sensors/1", QoS::AtMostOnce));
         let sent = transmit(&mut st, Instant::now());
         let p = publishes(&sent);
-        assert_eq!(
-            (&*p[0].topic, p[0].properties.topic_alias),
-            ("sensors/1", Some(1))
-        );
+        assert_eq!((&*p[0].topic, p[0].properties.topic_alias), ("sensors/1", Some(1)));
         assert_eq!((&*p[1].topic, p[1].properties.topic_alias), ("", Some(1)));
     }
 
     #[test]
-    fn v3_links_carry_no_properties_and_replies_come_first() {
+    fn v3_links_carry_no_properties() {
         let mut st = SessionState::new(limits(10));
         st.attach(link(ProtocolVersion::V3_1_1, 10, 5));
         st.enqueue(delivery("t", QoS::AtMostOnce));
-        st.reply(Packet::PingResp);
         let sent = transmit(&mut st, Instant::now());
-        assert!(matches!(sent[0], Packet::PingResp));
-        assert!(
-            matches!(&sent[1], Packet::Publish(p) if p.properties.is_empty() && &*p.topic == "t")
-        );
+        assert!(matches!(&sent[0], Packet::Publish(p) if p.properties.is_empty() && &*p.topic == "t"));
     }
 
     #[test]

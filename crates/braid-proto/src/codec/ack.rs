@@ -71,19 +71,12 @@ impl Tail<'_> {
 
     /// Reads a tail that runs to the end of the packet: nothing means Success, one byte is the
     /// reason alone.
-    pub(super) fn read(
-        r: &mut Reader,
-        ctx: Context,
-    ) -> Result<(ReasonCode, Properties), DecodeError> {
+    pub(super) fn read(r: &mut Reader, ctx: Context) -> Result<(ReasonCode, Properties), DecodeError> {
         if r.is_empty() {
             return Ok((ReasonCode::Success, Properties::default()));
         }
         let reason = r.reason()?;
-        let properties = if r.is_empty() {
-            Properties::default()
-        } else {
-            read_properties(r, ctx)?
-        };
+        let properties = if r.is_empty() { Properties::default() } else { read_properties(r, ctx)? };
         r.finish()?;
         Ok((reason, properties))
     }
@@ -98,31 +91,18 @@ pub(super) fn decode_ack(mut r: Reader, version: ProtocolVersion) -> Result<Ack,
         return Ok(Ack::new(packet_id));
     }
     let (reason, properties) = Tail::read(&mut r, Context::Ack)?;
-    Ok(Ack {
-        packet_id,
-        reason,
-        properties,
-    })
+    Ok(Ack { packet_id, reason, properties })
 }
 
 impl Ack {
     fn tail(&self) -> Tail<'_> {
-        Tail {
-            reason: self.reason,
-            properties: &self.properties,
-            ctx: Context::Ack,
-            reason_only: true,
-        }
+        Tail { reason: self.reason, properties: &self.properties, ctx: Context::Ack, reason_only: true }
     }
 }
 
 impl Body for Ack {
     fn body_len(&self, version: ProtocolVersion) -> usize {
-        2 + if version.is_v5() {
-            self.tail().len()
-        } else {
-            0
-        }
+        2 + if version.is_v5() { self.tail().len() } else { 0 }
     }
 
     fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
@@ -157,18 +137,12 @@ mod tests {
             reason: ReasonCode::PacketIdentifierNotFound,
             properties: all_properties(),
         };
-        let full_v5 = Ack {
-            properties: allowed::ack(),
-            ..full.clone()
-        };
+        let full_v5 = Ack { properties: allowed::ack(), ..full.clone() };
         for (packet, expected) in all_kinds(full.clone()).iter().zip(all_kinds(full_v5)) {
             round_trip_as(packet, V5, &expected);
         }
         for version in [ProtocolVersion::V3_1, ProtocolVersion::V3_1_1] {
-            for (packet, expected) in all_kinds(full.clone())
-                .iter()
-                .zip(all_kinds(Ack::new(0xBEEF)))
-            {
+            for (packet, expected) in all_kinds(full.clone()).iter().zip(all_kinds(Ack::new(0xBEEF))) {
                 let bytes = round_trip_as(packet, version, &expected);
                 assert_eq!(bytes.len(), 4);
             }
@@ -183,50 +157,23 @@ mod tests {
     #[test]
     fn known_bytes_and_short_forms() {
         for version in [ProtocolVersion::V3_1_1, V5] {
-            assert_eq!(
-                encode_to_vec(&Packet::PubAck(Ack::new(1)), version),
-                [0x40, 0x02, 0x00, 0x01]
-            );
-            assert_eq!(
-                encode_to_vec(&Packet::PubRec(Ack::new(2)), version),
-                [0x50, 0x02, 0x00, 0x02]
-            );
-            assert_eq!(
-                encode_to_vec(&Packet::PubRel(Ack::new(3)), version),
-                [0x62, 0x02, 0x00, 0x03]
-            );
-            assert_eq!(
-                encode_to_vec(&Packet::PubComp(Ack::new(4)), version),
-                [0x70, 0x02, 0x00, 0x04]
-            );
+            assert_eq!(encode_to_vec(&Packet::PubAck(Ack::new(1)), version), [0x40, 0x02, 0x00, 0x01]);
+            assert_eq!(encode_to_vec(&Packet::PubRec(Ack::new(2)), version), [0x50, 0x02, 0x00, 0x02]);
+            assert_eq!(encode_to_vec(&Packet::PubRel(Ack::new(3)), version), [0x62, 0x02, 0x00, 0x03]);
+            assert_eq!(encode_to_vec(&Packet::PubComp(Ack::new(4)), version), [0x70, 0x02, 0x00, 0x04]);
         }
         // Reason without properties: remaining length 3.
         let ack = Ack::with_reason(1, ReasonCode::NoMatchingSubscribers);
-        assert_eq!(
-            encode_to_vec(&Packet::PubAck(ack.clone()), V5),
-            [0x40, 0x03, 0x00, 0x01, 0x10]
-        );
-        assert_eq!(
-            decode_one(&[0x40, 0x03, 0x00, 0x01, 0x10], V5),
-            Ok(Packet::PubAck(ack.clone()))
-        );
+        assert_eq!(encode_to_vec(&Packet::PubAck(ack.clone()), V5), [0x40, 0x03, 0x00, 0x01, 0x10]);
+        assert_eq!(decode_one(&[0x40, 0x03, 0x00, 0x01, 0x10], V5), Ok(Packet::PubAck(ack.clone())));
         // The long forms decode to the same packets.
-        assert_eq!(
-            decode_one(&[0x40, 0x04, 0x00, 0x01, 0x10, 0x00], V5),
-            Ok(Packet::PubAck(ack))
-        );
-        assert_eq!(
-            decode_one(&[0x40, 0x04, 0x00, 0x01, 0x00, 0x00], V5),
-            Ok(Packet::PubAck(Ack::new(1)))
-        );
+        assert_eq!(decode_one(&[0x40, 0x04, 0x00, 0x01, 0x10, 0x00], V5), Ok(Packet::PubAck(ack)));
+        assert_eq!(decode_one(&[0x40, 0x04, 0x00, 0x01, 0x00, 0x00], V5), Ok(Packet::PubAck(Ack::new(1))));
         // Properties only written with success: the reason byte cannot be dropped.
         let ack = Ack {
             packet_id: 1,
             reason: ReasonCode::Success,
-            properties: Properties {
-                reason_string: Some("ok".into()),
-                ..Properties::default()
-            },
+            properties: Properties { reason_string: Some("ok".into()), ..Properties::default() },
         };
         assert_eq!(
             encode_to_vec(&Packet::PubComp(ack), V5),
@@ -236,15 +183,9 @@ mod tests {
         let ack = Ack {
             packet_id: 1,
             reason: ReasonCode::Success,
-            properties: Properties {
-                topic_alias: Some(1),
-                ..Properties::default()
-            },
+            properties: Properties { topic_alias: Some(1), ..Properties::default() },
         };
-        assert_eq!(
-            encode_to_vec(&Packet::PubAck(ack), V5),
-            [0x40, 0x02, 0x00, 0x01]
-        );
+        assert_eq!(encode_to_vec(&Packet::PubAck(ack), V5), [0x40, 0x02, 0x00, 0x01]);
     }
 
     #[test]
@@ -266,17 +207,10 @@ mod tests {
         // Topic Alias is not allowed in an ack.
         assert_protocol(&[0x50, 0x07, 0x00, 0x01, 0x00, 0x03, 0x23, 0x00, 0x01], V5);
         // Reason String twice.
-        assert_protocol(
-            &[
-                0x40, 0x0A, 0x00, 0x01, 0x00, 0x06, 0x1F, 0x00, 0x00, 0x1F, 0x00, 0x00,
-            ],
-            V5,
-        );
+        assert_protocol(&[0x40, 0x0A, 0x00, 0x01, 0x00, 0x06, 0x1F, 0x00, 0x00, 0x1F, 0x00, 0x00], V5);
         // User Property may repeat.
-        assert!(decode_one(
-            &[0x40, 0x0E, 0x00, 0x01, 0x00, 0x0A, 0x26, 0, 0, 0, 0, 0x26, 0, 0, 0, 0],
-            V5
-        )
-        .is_ok());
+        assert!(
+            decode_one(&[0x40, 0x0E, 0x00, 0x01, 0x00, 0x0A, 0x26, 0, 0, 0, 0, 0x26, 0, 0, 0, 0], V5).is_ok()
+        );
     }
 }

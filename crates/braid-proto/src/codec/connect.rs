@@ -6,9 +6,7 @@ use super::primitives::{prefixed_len, put_prefixed, Reader};
 use super::properties::{read_v5_properties, v5_properties_len, write_v5_properties, Context};
 use super::Body;
 use crate::topic::valid_topic_name;
-use crate::{
-    ConnAck, Connect, DecodeError, EncodeError, LastWill, ProtocolVersion, QoS, ReasonCode,
-};
+use crate::{ConnAck, Connect, DecodeError, EncodeError, LastWill, ProtocolVersion, QoS, ReasonCode};
 
 /// Connect Flags bits.
 const USERNAME: u8 = 0x80;
@@ -48,12 +46,10 @@ pub(super) fn decode_connect(mut r: Reader) -> Result<Connect, DecodeError> {
     }
     let has_will = flags & WILL != 0;
     let will_retain = flags & WILL_RETAIN != 0;
-    let will_qos = QoS::from_u8((flags >> WILL_QOS_SHIFT) & 0b11)
-        .ok_or(DecodeError::Malformed("will QoS 3"))?;
+    let will_qos =
+        QoS::from_u8((flags >> WILL_QOS_SHIFT) & 0b11).ok_or(DecodeError::Malformed("will QoS 3"))?;
     if !has_will && (will_retain || will_qos != QoS::AtMostOnce) {
-        return Err(DecodeError::Malformed(
-            "will QoS or retain without will flag",
-        ));
+        return Err(DecodeError::Malformed("will QoS or retain without will flag"));
     }
     let has_username = flags & USERNAME != 0;
     let has_password = flags & PASSWORD != 0;
@@ -70,26 +66,12 @@ pub(super) fn decode_connect(mut r: Reader) -> Result<Connect, DecodeError> {
             return Err(DecodeError::TopicNameInvalid);
         }
         let payload = r.binary()?;
-        Some(LastWill {
-            topic,
-            payload,
-            qos: will_qos,
-            retain: will_retain,
-            properties,
-        })
+        Some(LastWill { topic, payload, qos: will_qos, retain: will_retain, properties })
     } else {
         None
     };
-    let username = if has_username {
-        Some(r.string()?)
-    } else {
-        None
-    };
-    let password = if has_password {
-        Some(r.binary()?)
-    } else {
-        None
-    };
+    let username = if has_username { Some(r.string()?) } else { None };
+    let password = if has_password { Some(r.binary()?) } else { None };
     r.finish()?;
     Ok(Connect {
         protocol,
@@ -201,28 +183,17 @@ fn v3_reason(code: u8) -> Result<ReasonCode, DecodeError> {
 
 /// Decodes the body of a CONNACK. MQTT 3.1 has no Session Present flag (the byte is reserved
 /// and ignored); 3.1.1 and 5.0 require its other bits to be 0.
-pub(super) fn decode_connack(
-    mut r: Reader,
-    version: ProtocolVersion,
-) -> Result<ConnAck, DecodeError> {
+pub(super) fn decode_connack(mut r: Reader, version: ProtocolVersion) -> Result<ConnAck, DecodeError> {
     let flags = r.u8()?;
     let session_present = match version {
         ProtocolVersion::V3_1 => false,
         _ if flags & !1 != 0 => return Err(DecodeError::Malformed("reserved CONNACK flags set")),
         _ => flags & 1 != 0,
     };
-    let reason = if version.is_v5() {
-        r.reason()?
-    } else {
-        v3_reason(r.u8()?)?
-    };
+    let reason = if version.is_v5() { r.reason()? } else { v3_reason(r.u8()?)? };
     let properties = read_v5_properties(&mut r, version, Context::ConnAck)?;
     r.finish()?;
-    Ok(ConnAck {
-        session_present,
-        reason,
-        properties,
-    })
+    Ok(ConnAck { session_present, reason, properties })
 }
 
 impl Body for ConnAck {
@@ -233,11 +204,7 @@ impl Body for ConnAck {
     fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
         let session_present = self.session_present && version != ProtocolVersion::V3_1;
         buf.put_u8(u8::from(session_present));
-        let code = if version.is_v5() {
-            self.reason as u8
-        } else {
-            v3_return_code(self.reason)
-        };
+        let code = if version.is_v5() { self.reason as u8 } else { v3_return_code(self.reason) };
         buf.put_u8(code);
         write_v5_properties(&self.properties, version, Context::ConnAck, buf)
     }
@@ -249,8 +216,7 @@ mod tests {
 
     use super::super::test_util::*;
     use crate::{
-        ConnAck, Connect, DecodeError, LastWill, Packet, Properties, ProtocolVersion, QoS,
-        ReasonCode,
+        ConnAck, Connect, DecodeError, LastWill, Packet, Properties, ProtocolVersion, QoS, ReasonCode,
     };
 
     const V3_1: ProtocolVersion = ProtocolVersion::V3_1;
@@ -306,8 +272,8 @@ mod tests {
     #[test]
     fn known_bytes_3_1_1() {
         let bytes = [
-            0x10, 0x0F, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x04, 0x02, 0x00, 0x3C, 0x00, 0x03,
-            b'a', b'b', b'c',
+            0x10, 0x0F, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x04, 0x02, 0x00, 0x3C, 0x00, 0x03, b'a', b'b',
+            b'c',
         ];
         assert_eq!(round_trip(&packet(minimal(V3_1_1)), V3_1_1), bytes);
     }
@@ -315,8 +281,8 @@ mod tests {
     #[test]
     fn known_bytes_3_1_mqisdp() {
         let bytes = [
-            0x10, 0x11, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03, 0x02, 0x00, 0x3C,
-            0x00, 0x03, b'a', b'b', b'c',
+            0x10, 0x11, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03, 0x02, 0x00, 0x3C, 0x00, 0x03,
+            b'a', b'b', b'c',
         ];
         assert_eq!(round_trip(&packet(minimal(V3_1)), V3_1), bytes);
     }
@@ -338,10 +304,7 @@ mod tests {
             protocol: V5,
             clean_start: true,
             keep_alive: 10,
-            properties: Properties {
-                session_expiry_interval: Some(10),
-                ..Properties::default()
-            },
+            properties: Properties { session_expiry_interval: Some(10), ..Properties::default() },
             client_id: "c".into(),
             will: Some(LastWill {
                 topic: "w".into(),
@@ -360,16 +323,8 @@ mod tests {
     fn round_trip_every_version() {
         for version in VERSIONS {
             round_trip(&packet(minimal(version)), version);
-            let props = if version.is_v5() {
-                allowed::connect()
-            } else {
-                Properties::default()
-            };
-            let will = if version.is_v5() {
-                allowed::will()
-            } else {
-                Properties::default()
-            };
+            let props = if version.is_v5() { allowed::connect() } else { Properties::default() };
+            let will = if version.is_v5() { allowed::will() } else { Properties::default() };
             round_trip_as(
                 &packet(full(version, all_properties(), all_properties())),
                 version,
@@ -377,10 +332,7 @@ mod tests {
             );
         }
         // v5 allows a password without a user name.
-        let connect = Connect {
-            password: Some(Bytes::from_static(b"pw")),
-            ..minimal(V5)
-        };
+        let connect = Connect { password: Some(Bytes::from_static(b"pw")), ..minimal(V5) };
         round_trip(&packet(connect), V5);
     }
 
@@ -410,11 +362,7 @@ mod tests {
             (b"", 4),
         ] {
             let bytes = connect_bytes(name, level, 0x02, &payload);
-            assert_eq!(
-                decode_one(&bytes, V5),
-                Err(DecodeError::UnsupportedProtocol),
-                "{name:?} {level}"
-            );
+            assert_eq!(decode_one(&bytes, V5), Err(DecodeError::UnsupportedProtocol), "{name:?} {level}");
         }
         // Not even a protocol level: too short to be a CONNECT.
         assert_malformed(&[0x10, 0x06, 0x00, 0x04, b'M', b'Q', b'T', b'T'], V3_1_1);
@@ -451,14 +399,8 @@ mod tests {
     #[test]
     fn connect_strings_are_checked() {
         // Client identifier: invalid UTF-8, U+0000.
-        assert_malformed(
-            &connect_bytes(b"MQTT", 4, 0x02, &[0x00, 0x01, 0xFF]),
-            V3_1_1,
-        );
-        assert_malformed(
-            &connect_bytes(b"MQTT", 4, 0x02, &[0x00, 0x01, 0x00]),
-            V3_1_1,
-        );
+        assert_malformed(&connect_bytes(b"MQTT", 4, 0x02, &[0x00, 0x01, 0xFF]), V3_1_1);
+        assert_malformed(&connect_bytes(b"MQTT", 4, 0x02, &[0x00, 0x01, 0x00]), V3_1_1);
         // User name.
         let username = [0x00, 0x01, b'c', 0x00, 0x02, 0xC0, 0x80];
         assert_malformed(&connect_bytes(b"MQTT", 4, 0x80, &username), V3_1_1);
@@ -471,39 +413,21 @@ mod tests {
         };
         assert!(decode_one(&will(b"a/b"), V3_1_1).is_ok());
         assert_malformed(&will(&[0xED, 0xA0, 0x80]), V3_1_1);
-        assert_eq!(
-            decode_one(&will(b"a/+"), V3_1_1),
-            Err(DecodeError::TopicNameInvalid)
-        );
-        assert_eq!(
-            decode_one(&will(b"#"), V3_1_1),
-            Err(DecodeError::TopicNameInvalid)
-        );
-        assert_eq!(
-            decode_one(&will(b""), V3_1_1),
-            Err(DecodeError::TopicNameInvalid)
-        );
+        assert_eq!(decode_one(&will(b"a/+"), V3_1_1), Err(DecodeError::TopicNameInvalid));
+        assert_eq!(decode_one(&will(b"#"), V3_1_1), Err(DecodeError::TopicNameInvalid));
+        assert_eq!(decode_one(&will(b""), V3_1_1), Err(DecodeError::TopicNameInvalid));
     }
 
     #[test]
     fn connect_lengths_are_checked() {
         // User name flag without a user name.
-        assert_malformed(
-            &connect_bytes(b"MQTT", 4, 0x80, &[0x00, 0x01, b'c']),
-            V3_1_1,
-        );
+        assert_malformed(&connect_bytes(b"MQTT", 4, 0x80, &[0x00, 0x01, b'c']), V3_1_1);
         // Will flag without a will.
-        assert_malformed(
-            &connect_bytes(b"MQTT", 4, 0x04, &[0x00, 0x01, b'c']),
-            V3_1_1,
-        );
+        assert_malformed(&connect_bytes(b"MQTT", 4, 0x04, &[0x00, 0x01, b'c']), V3_1_1);
         // No client identifier.
         assert_malformed(&connect_bytes(b"MQTT", 4, 0x02, &[]), V3_1_1);
         // Trailing bytes.
-        assert_malformed(
-            &connect_bytes(b"MQTT", 4, 0x02, &[0x00, 0x01, b'c', 0x00]),
-            V3_1_1,
-        );
+        assert_malformed(&connect_bytes(b"MQTT", 4, 0x02, &[0x00, 0x01, b'c', 0x00]), V3_1_1);
     }
 
     #[test]
@@ -512,13 +436,9 @@ mod tests {
         let rest = [0x05, 0x18, 0, 0, 0, 1, 0x00, 0x01, b'c'];
         assert_protocol(&connect_bytes(b"MQTT", 5, 0x02, &rest), V5);
         // Session Expiry Interval belongs in the CONNECT properties, not the will's.
-        let rest = [
-            0x00, 0x00, 0x01, b'c', 0x05, 0x11, 0, 0, 0, 1, 0x00, 0x01, b'w', 0x00, 0x00,
-        ];
+        let rest = [0x00, 0x00, 0x01, b'c', 0x05, 0x11, 0, 0, 0, 1, 0x00, 0x01, b'w', 0x00, 0x00];
         assert_protocol(&connect_bytes(b"MQTT", 5, 0x06, &rest), V5);
-        let rest = [
-            0x00, 0x00, 0x01, b'c', 0x05, 0x18, 0, 0, 0, 1, 0x00, 0x01, b'w', 0x00, 0x00,
-        ];
+        let rest = [0x00, 0x00, 0x01, b'c', 0x05, 0x18, 0, 0, 0, 1, 0x00, 0x01, b'w', 0x00, 0x00];
         assert!(decode_one(&connect_bytes(b"MQTT", 5, 0x06, &rest), V5).is_ok());
         // Receive Maximum 0.
         let rest = [0x03, 0x21, 0x00, 0x00, 0x00, 0x01, b'c'];
@@ -526,11 +446,7 @@ mod tests {
     }
 
     fn connack(session_present: bool, reason: ReasonCode, properties: Properties) -> Packet {
-        Packet::ConnAck(ConnAck {
-            session_present,
-            reason,
-            properties,
-        })
+        Packet::ConnAck(ConnAck { session_present, reason, properties })
     }
 
     #[test]
@@ -544,20 +460,12 @@ mod tests {
         assert_eq!(round_trip_as(&resumed, V3_1, &ok), [0x20, 0x02, 0x00, 0x00]);
         assert_eq!(round_trip(&resumed, V5), [0x20, 0x03, 0x01, 0x00, 0x00]);
         let full = connack(true, ReasonCode::Success, all_properties());
-        round_trip_as(
-            &full,
-            V5,
-            &connack(true, ReasonCode::Success, allowed::connack()),
-        );
+        round_trip_as(&full, V5, &connack(true, ReasonCode::Success, allowed::connack()));
         for version in [V3_1, V3_1_1] {
             round_trip_as(
                 &full,
                 version,
-                &connack(
-                    version == V3_1_1,
-                    ReasonCode::Success,
-                    Properties::default(),
-                ),
+                &connack(version == V3_1_1, ReasonCode::Success, Properties::default()),
             );
         }
         let refused = connack(false, ReasonCode::QuotaExceeded, Properties::default());
@@ -568,50 +476,18 @@ mod tests {
     fn connack_v3_return_codes() {
         let mapped = [
             (ReasonCode::Success, 0, ReasonCode::Success),
-            (
-                ReasonCode::UnsupportedProtocolVersion,
-                1,
-                ReasonCode::UnsupportedProtocolVersion,
-            ),
-            (
-                ReasonCode::ClientIdentifierNotValid,
-                2,
-                ReasonCode::ClientIdentifierNotValid,
-            ),
-            (
-                ReasonCode::ServerUnavailable,
-                3,
-                ReasonCode::ServerUnavailable,
-            ),
-            (
-                ReasonCode::BadUserNameOrPassword,
-                4,
-                ReasonCode::BadUserNameOrPassword,
-            ),
+            (ReasonCode::UnsupportedProtocolVersion, 1, ReasonCode::UnsupportedProtocolVersion),
+            (ReasonCode::ClientIdentifierNotValid, 2, ReasonCode::ClientIdentifierNotValid),
+            (ReasonCode::ServerUnavailable, 3, ReasonCode::ServerUnavailable),
+            (ReasonCode::BadUserNameOrPassword, 4, ReasonCode::BadUserNameOrPassword),
             (ReasonCode::NotAuthorized, 5, ReasonCode::NotAuthorized),
             (ReasonCode::Banned, 5, ReasonCode::NotAuthorized),
-            (
-                ReasonCode::BadAuthenticationMethod,
-                4,
-                ReasonCode::BadUserNameOrPassword,
-            ),
+            (ReasonCode::BadAuthenticationMethod, 4, ReasonCode::BadUserNameOrPassword),
             (ReasonCode::ServerBusy, 3, ReasonCode::ServerUnavailable),
             (ReasonCode::QuotaExceeded, 3, ReasonCode::ServerUnavailable),
-            (
-                ReasonCode::UseAnotherServer,
-                3,
-                ReasonCode::ServerUnavailable,
-            ),
-            (
-                ReasonCode::UnspecifiedError,
-                3,
-                ReasonCode::ServerUnavailable,
-            ),
-            (
-                ReasonCode::MalformedPacket,
-                3,
-                ReasonCode::ServerUnavailable,
-            ),
+            (ReasonCode::UseAnotherServer, 3, ReasonCode::ServerUnavailable),
+            (ReasonCode::UnspecifiedError, 3, ReasonCode::ServerUnavailable),
+            (ReasonCode::MalformedPacket, 3, ReasonCode::ServerUnavailable),
         ];
         for version in [V3_1, V3_1_1] {
             for (reason, code, decoded) in mapped {

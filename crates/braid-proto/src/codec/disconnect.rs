@@ -11,16 +11,10 @@ use crate::{Auth, DecodeError, Disconnect, EncodeError, Properties, ProtocolVers
 
 /// Decodes the body of DISCONNECT: empty in 3.1.x (reason Success); in v5 a missing reason
 /// means Normal disconnection (0x00).
-pub(super) fn decode_disconnect(
-    r: &mut Reader,
-    version: ProtocolVersion,
-) -> Result<Disconnect, DecodeError> {
+pub(super) fn decode_disconnect(r: &mut Reader, version: ProtocolVersion) -> Result<Disconnect, DecodeError> {
     if !version.is_v5() {
         r.finish()?;
-        return Ok(Disconnect {
-            reason: ReasonCode::Success,
-            properties: Properties::default(),
-        });
+        return Ok(Disconnect { reason: ReasonCode::Success, properties: Properties::default() });
     }
     let (reason, properties) = Tail::read(r, Context::Disconnect)?;
     Ok(Disconnect { reason, properties })
@@ -63,12 +57,7 @@ impl Body for Disconnect {
 
 impl Auth {
     fn tail(&self) -> Tail<'_> {
-        Tail {
-            reason: self.reason,
-            properties: &self.properties,
-            ctx: Context::Auth,
-            reason_only: false,
-        }
+        Tail { reason: self.reason, properties: &self.properties, ctx: Context::Auth, reason_only: false }
     }
 }
 
@@ -109,32 +98,19 @@ mod tests {
             assert_eq!(round_trip_as(&full, version, &normal), [0xE0, 0x00]);
         }
         assert_eq!(round_trip(&normal, V5), [0xE0, 0x00]);
-        round_trip_as(
-            &full,
-            V5,
-            &disconnect(ReasonCode::ServerShuttingDown, allowed::disconnect()),
-        );
+        round_trip_as(&full, V5, &disconnect(ReasonCode::ServerShuttingDown, allowed::disconnect()));
         let with_will = disconnect(ReasonCode::DisconnectWithWill, Properties::default());
         assert_eq!(round_trip(&with_will, V5), [0xE0, 0x01, 0x04]);
     }
 
     #[test]
     fn disconnect_short_forms_decode() {
-        assert_eq!(
-            decode_one(&[0xE0, 0x00], V5),
-            Ok(disconnect(ReasonCode::Success, Properties::default()))
-        );
+        assert_eq!(decode_one(&[0xE0, 0x00], V5), Ok(disconnect(ReasonCode::Success, Properties::default())));
         assert_eq!(
             decode_one(&[0xE0, 0x02, 0x8E, 0x00], V5),
-            Ok(disconnect(
-                ReasonCode::SessionTakenOver,
-                Properties::default()
-            ))
+            Ok(disconnect(ReasonCode::SessionTakenOver, Properties::default()))
         );
-        let expiry = Properties {
-            session_expiry_interval: Some(5),
-            ..Properties::default()
-        };
+        let expiry = Properties { session_expiry_interval: Some(5), ..Properties::default() };
         assert_eq!(
             decode_one(&[0xE0, 0x07, 0x00, 0x05, 0x11, 0, 0, 0, 5], V5),
             Ok(disconnect(ReasonCode::Success, expiry))
@@ -160,11 +136,7 @@ mod tests {
         assert_eq!(round_trip(&cont, V5), [0xF0, 0x02, 0x18, 0x00]);
         assert_eq!(decode_one(&[0xF0, 0x01, 0x18], V5), Ok(cont));
         let full = auth(ReasonCode::ReAuthenticate, all_properties());
-        round_trip_as(
-            &full,
-            V5,
-            &auth(ReasonCode::ReAuthenticate, allowed::auth()),
-        );
+        round_trip_as(&full, V5, &auth(ReasonCode::ReAuthenticate, allowed::auth()));
     }
 
     #[test]

@@ -82,17 +82,13 @@ fn parse_first_byte(byte: u8, version: ProtocolVersion) -> Result<Kind, DecodeEr
         1 => Kind::Connect,
         2 => Kind::ConnAck,
         3 => {
-            let qos = QoS::from_u8((flags >> 1) & 0b11)
-                .ok_or(DecodeError::Malformed("PUBLISH with QoS 3"))?;
+            let qos =
+                QoS::from_u8((flags >> 1) & 0b11).ok_or(DecodeError::Malformed("PUBLISH with QoS 3"))?;
             let dup = flags & 0b1000 != 0;
             if dup && qos == QoS::AtMostOnce && !legacy {
                 return Err(DecodeError::Malformed("PUBLISH with QoS 0 and DUP set"));
             }
-            return Ok(Kind::Publish(PublishFlags {
-                dup,
-                qos,
-                retain: flags & 1 != 0,
-            }));
+            return Ok(Kind::Publish(PublishFlags { dup, qos, retain: flags & 1 != 0 }));
         }
         4 => Kind::PubAck,
         5 => Kind::PubRec,
@@ -148,10 +144,7 @@ pub fn decode(
     let header_len = 1 + len_bytes;
     let size = header_len + remaining;
     if size > max_packet_size as usize {
-        return Err(DecodeError::TooLarge {
-            size,
-            max: max_packet_size,
-        });
+        return Err(DecodeError::TooLarge { size, max: max_packet_size });
     }
     if buf.len() < size {
         return Ok(None);
@@ -238,11 +231,7 @@ fn body(packet: &Packet) -> &dyn Body {
 /// On error nothing is appended: AUTH below v5 is [`EncodeError::Unsupported`], a string or
 /// binary field over 65,535 bytes is [`EncodeError::FieldTooLong`], and a Remaining Length (or
 /// Subscription Identifier) above 268,435,455 is [`EncodeError::TooLarge`].
-pub fn encode(
-    packet: &Packet,
-    version: ProtocolVersion,
-    buf: &mut BytesMut,
-) -> Result<(), EncodeError> {
+pub fn encode(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
     if matches!(packet, Packet::Auth(_)) && !version.is_v5() {
         return Err(EncodeError::Unsupported);
     }
@@ -276,11 +265,8 @@ mod tests {
     use super::*;
     use crate::ReasonCode;
 
-    const VERSIONS: [ProtocolVersion; 3] = [
-        ProtocolVersion::V3_1,
-        ProtocolVersion::V3_1_1,
-        ProtocolVersion::V5,
-    ];
+    const VERSIONS: [ProtocolVersion; 3] =
+        [ProtocolVersion::V3_1, ProtocolVersion::V3_1_1, ProtocolVersion::V5];
 
     #[test]
     fn empty_buffer_needs_more() {
@@ -312,18 +298,12 @@ mod tests {
         let mut buf = BytesMut::from(&[0x30, 0xFF, 0xFF, 0x7F][..]);
         assert_eq!(
             decode(&mut buf, ProtocolVersion::V5, 1024),
-            Err(DecodeError::TooLarge {
-                size: 4 + 2_097_151,
-                max: 1024
-            })
+            Err(DecodeError::TooLarge { size: 4 + 2_097_151, max: 1024 })
         );
         // The limit counts the fixed header: a 10 byte packet fits 10 but not 9.
         let packet = [0xC0, 0x08, 0, 0, 0, 0, 0, 0, 0, 0];
         let mut buf = BytesMut::from(&packet[..2]);
-        assert_eq!(
-            decode(&mut buf, ProtocolVersion::V5, 9),
-            Err(DecodeError::TooLarge { size: 10, max: 9 })
-        );
+        assert_eq!(decode(&mut buf, ProtocolVersion::V5, 9), Err(DecodeError::TooLarge { size: 10, max: 9 }));
         let mut buf = BytesMut::from(&packet[..2]);
         assert_eq!(decode(&mut buf, ProtocolVersion::V5, 10), Ok(None));
     }
@@ -380,14 +360,8 @@ mod tests {
             assert_malformed(&[0x36, 0x05, 0x00, 0x01, b'a', 0x00, 0x01], version);
         }
         // QoS 0 with DUP.
-        assert_malformed(
-            &[0x38, 0x04, 0x00, 0x01, b'a', b'x'],
-            ProtocolVersion::V3_1_1,
-        );
-        assert_malformed(
-            &[0x38, 0x05, 0x00, 0x01, b'a', 0x00, b'x'],
-            ProtocolVersion::V5,
-        );
+        assert_malformed(&[0x38, 0x04, 0x00, 0x01, b'a', b'x'], ProtocolVersion::V3_1_1);
+        assert_malformed(&[0x38, 0x05, 0x00, 0x01, b'a', 0x00, b'x'], ProtocolVersion::V5);
         let Packet::Publish(p) =
             decode_one(&[0x38, 0x04, 0x00, 0x01, b'a', b'x'], ProtocolVersion::V3_1).unwrap()
         else {
@@ -401,10 +375,7 @@ mod tests {
         let mut buf = BytesMut::new();
         let packets = [
             Packet::PingReq,
-            Packet::PubAck(crate::Ack::with_reason(
-                7,
-                ReasonCode::NoMatchingSubscribers,
-            )),
+            Packet::PubAck(crate::Ack::with_reason(7, ReasonCode::NoMatchingSubscribers)),
             Packet::PingResp,
         ];
         for packet in &packets {
@@ -412,12 +383,7 @@ mod tests {
         }
         buf.extend_from_slice(&[0x30]);
         for packet in &packets {
-            assert_eq!(
-                decode(&mut buf, ProtocolVersion::V5, u32::MAX)
-                    .unwrap()
-                    .as_ref(),
-                Some(packet)
-            );
+            assert_eq!(decode(&mut buf, ProtocolVersion::V5, u32::MAX).unwrap().as_ref(), Some(packet));
         }
         assert_eq!(decode(&mut buf, ProtocolVersion::V5, u32::MAX), Ok(None));
         assert_eq!(&buf[..], [0x30]);
@@ -438,22 +404,13 @@ mod tests {
         });
         for version in [ProtocolVersion::V3_1, ProtocolVersion::V3_1_1] {
             let mut buf = BytesMut::from(&b"x"[..]);
-            assert_eq!(
-                encode(&auth, version, &mut buf),
-                Err(EncodeError::Unsupported)
-            );
+            assert_eq!(encode(&auth, version, &mut buf), Err(EncodeError::Unsupported));
             assert_eq!(&buf[..], b"x");
         }
         let long = crate::ByteString::from("a".repeat(65_536));
-        let publish = Packet::Publish(crate::Publish {
-            topic: long,
-            ..Default::default()
-        });
+        let publish = Packet::Publish(crate::Publish { topic: long, ..Default::default() });
         let mut buf = BytesMut::from(&b"x"[..]);
-        assert_eq!(
-            encode(&publish, ProtocolVersion::V5, &mut buf),
-            Err(EncodeError::FieldTooLong)
-        );
+        assert_eq!(encode(&publish, ProtocolVersion::V5, &mut buf), Err(EncodeError::FieldTooLong));
         assert_eq!(&buf[..], b"x");
     }
 
@@ -465,10 +422,7 @@ mod tests {
             ..Default::default()
         });
         let mut buf = BytesMut::new();
-        assert_eq!(
-            encode(&publish, ProtocolVersion::V3_1_1, &mut buf),
-            Err(EncodeError::TooLarge)
-        );
+        assert_eq!(encode(&publish, ProtocolVersion::V3_1_1, &mut buf), Err(EncodeError::TooLarge));
         assert!(buf.is_empty());
     }
 }

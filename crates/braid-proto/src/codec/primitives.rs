@@ -24,9 +24,7 @@ pub(super) fn parse_varint(bytes: &[u8]) -> Result<Option<(usize, usize)>, Decod
         }
     }
     if bytes.len() >= 4 {
-        Err(DecodeError::Malformed(
-            "variable byte integer longer than 4 bytes",
-        ))
+        Err(DecodeError::Malformed("variable byte integer longer than 4 bytes"))
     } else {
         Ok(None)
     }
@@ -166,9 +164,7 @@ impl Reader {
         if self.buf.is_empty() {
             Ok(())
         } else {
-            Err(DecodeError::Malformed(
-                "trailing bytes after packet contents",
-            ))
+            Err(DecodeError::Malformed("trailing bytes after packet contents"))
         }
     }
 
@@ -284,33 +280,21 @@ mod tests {
     fn varint_spec_examples() {
         assert_eq!(parse_varint(&[0x00]).unwrap(), Some((0, 1)));
         assert_eq!(parse_varint(&[0x80, 0x01]).unwrap(), Some((128, 2)));
-        assert_eq!(
-            parse_varint(&[0xFF, 0xFF, 0xFF, 0x7F]).unwrap(),
-            Some((MAX_VARINT, 4))
-        );
+        assert_eq!(parse_varint(&[0xFF, 0xFF, 0xFF, 0x7F]).unwrap(), Some((MAX_VARINT, 4)));
     }
 
     #[test]
     fn varint_incomplete_and_too_long() {
         assert_eq!(parse_varint(&[]).unwrap(), None);
         assert_eq!(parse_varint(&[0x80, 0x80, 0x80]).unwrap(), None);
-        assert!(matches!(
-            parse_varint(&[0x80, 0x80, 0x80, 0x80]),
-            Err(DecodeError::Malformed(_))
-        ));
-        assert!(matches!(
-            parse_varint(&[0xFF, 0xFF, 0xFF, 0xFF, 0x01]),
-            Err(DecodeError::Malformed(_))
-        ));
+        assert!(matches!(parse_varint(&[0x80, 0x80, 0x80, 0x80]), Err(DecodeError::Malformed(_))));
+        assert!(matches!(parse_varint(&[0xFF, 0xFF, 0xFF, 0xFF, 0x01]), Err(DecodeError::Malformed(_))));
     }
 
     #[test]
     fn varint_above_maximum_is_not_encoded() {
         let mut buf = BytesMut::new();
-        assert_eq!(
-            put_varint(&mut buf, MAX_VARINT + 1),
-            Err(EncodeError::TooLarge)
-        );
+        assert_eq!(put_varint(&mut buf, MAX_VARINT + 1), Err(EncodeError::TooLarge));
     }
 
     #[test]
@@ -318,10 +302,7 @@ mod tests {
         let mut buf = BytesMut::new();
         put_prefixed(&mut buf, &vec![b'a'; MAX_FIELD]).unwrap();
         assert_eq!(buf.len(), prefixed_len(MAX_FIELD));
-        assert_eq!(
-            put_prefixed(&mut buf, &vec![b'a'; MAX_FIELD + 1]),
-            Err(EncodeError::FieldTooLong)
-        );
+        assert_eq!(put_prefixed(&mut buf, &vec![b'a'; MAX_FIELD + 1]), Err(EncodeError::FieldTooLong));
     }
 
     #[test]
@@ -333,10 +314,7 @@ mod tests {
         let mut r = Reader::new(Bytes::from_static(&[0x00, 0x02, 0xC3, 0x28]));
         assert!(matches!(r.string(), Err(DecodeError::Malformed(_))));
         let mut r = Reader::new(Bytes::from_static(&[0x00, 0x00]));
-        assert_eq!(
-            r.packet_id(),
-            Err(DecodeError::Protocol("packet identifier 0"))
-        );
+        assert_eq!(r.packet_id(), Err(DecodeError::Protocol("packet identifier 0")));
         let mut r = Reader::new(Bytes::from_static(&[0x01]));
         assert!(r.u16().is_err());
         assert!(r.u32().is_err());

@@ -214,9 +214,7 @@ pub(super) fn read_properties(r: &mut Reader, ctx: Context) -> Result<Properties
                     return Err(DecodeError::Protocol("subscription identifier 0"));
                 }
                 if ctx == Context::Subscribe && !props.subscription_identifiers.is_empty() {
-                    return Err(DecodeError::Protocol(
-                        "duplicate property subscription_identifier",
-                    ));
+                    return Err(DecodeError::Protocol("duplicate property subscription_identifier"));
                 }
                 // A Variable Byte Integer is at most 268,435,455, so this cannot fail.
                 let id = u32::try_from(id).map_err(|_| DecodeError::Malformed("varint"))?;
@@ -235,15 +233,9 @@ pub(super) fn read_properties(r: &mut Reader, ctx: Context) -> Result<Properties
 
 /// Bytes the properties allowed in `ctx` take, without the Property Length.
 pub(super) fn properties_len(props: &Properties, ctx: Context) -> usize {
-    let ids: usize = subscription_identifiers(props, ctx)
-        .iter()
-        .map(|&id| 1 + varint_len(id as usize))
-        .sum();
-    let users: usize = props
-        .user_properties
-        .iter()
-        .map(|(name, value)| 1 + name.wire_len() + value.wire_len())
-        .sum();
+    let ids: usize = subscription_identifiers(props, ctx).iter().map(|&id| 1 + varint_len(id as usize)).sum();
+    let users: usize =
+        props.user_properties.iter().map(|(name, value)| 1 + name.wire_len() + value.wire_len()).sum();
     singles_len(props, ctx) + ids + users
 }
 
@@ -287,11 +279,7 @@ pub(super) fn read_v5_properties(
 }
 
 /// [`properties_block_len`] in v5; 0 in 3.1.x.
-pub(super) fn v5_properties_len(
-    props: &Properties,
-    version: ProtocolVersion,
-    ctx: Context,
-) -> usize {
+pub(super) fn v5_properties_len(props: &Properties, version: ProtocolVersion, ctx: Context) -> usize {
     if version.is_v5() {
         properties_block_len(props, ctx)
     } else {
@@ -356,10 +344,7 @@ mod tests {
             (&[0x19, 0x01], vec![Connect]),
             (&[0x1A, 0, 1, b'r'], vec![ConnAck]),
             (&[0x1C, 0, 1, b's'], vec![ConnAck, Disconnect]),
-            (
-                &[0x1F, 0, 1, b'r'],
-                vec![ConnAck, Ack, SubAck, UnsubAck, Disconnect, Auth],
-            ),
+            (&[0x1F, 0, 1, b'r'], vec![ConnAck, Ack, SubAck, UnsubAck, Disconnect, Auth]),
             (&[0x21, 0, 9], vec![Connect, ConnAck]),
             (&[0x22, 0, 9], vec![Connect, ConnAck]),
             (&[0x23, 0, 9], vec![Publish]),
@@ -410,10 +395,7 @@ mod tests {
         let known: Vec<u8> = spec_table().iter().map(|(block, _)| block[0]).collect();
         for id in (0..=255u8).filter(|id| !known.contains(id)) {
             for ctx in CONTEXTS {
-                assert!(
-                    matches!(read(&[id, 0, 0, 0, 0], ctx), Err(DecodeError::Malformed(_))),
-                    "{id:#04X}"
-                );
+                assert!(matches!(read(&[id, 0, 0, 0, 0], ctx), Err(DecodeError::Malformed(_))), "{id:#04X}");
             }
         }
     }
@@ -423,22 +405,16 @@ mod tests {
         for (block, allowed) in spec_table() {
             let twice = [block, block].concat();
             let ctx = allowed[0];
-            let repeatable = block[0] == USER_PROPERTY
-                || (block[0] == SUBSCRIPTION_IDENTIFIER && ctx == Context::Publish);
+            let repeatable =
+                block[0] == USER_PROPERTY || (block[0] == SUBSCRIPTION_IDENTIFIER && ctx == Context::Publish);
             let result = read(&twice, ctx);
             if repeatable {
                 assert!(result.is_ok(), "{block:02X?}");
             } else {
-                assert!(
-                    matches!(result, Err(DecodeError::Protocol(_))),
-                    "{block:02X?}: {result:?}"
-                );
+                assert!(matches!(result, Err(DecodeError::Protocol(_))), "{block:02X?}: {result:?}");
             }
         }
-        assert!(matches!(
-            read(&[0x0B, 0x01, 0x0B, 0x02], Context::Subscribe),
-            Err(DecodeError::Protocol(_))
-        ));
+        assert!(matches!(read(&[0x0B, 0x01, 0x0B, 0x02], Context::Subscribe), Err(DecodeError::Protocol(_))));
     }
 
     #[test]
@@ -461,10 +437,7 @@ mod tests {
             (&[0x2A, 0x02], Context::ConnAck),
         ];
         for (block, ctx) in cases {
-            assert!(
-                matches!(read(block, ctx), Err(DecodeError::Protocol(_))),
-                "{block:02X?}"
-            );
+            assert!(matches!(read(block, ctx), Err(DecodeError::Protocol(_))), "{block:02X?}");
         }
     }
 
@@ -473,25 +446,16 @@ mod tests {
         for (block, allowed) in spec_table() {
             for end in 1..block.len() {
                 assert!(
-                    matches!(
-                        read(&block[..end], allowed[0]),
-                        Err(DecodeError::Malformed(_))
-                    ),
+                    matches!(read(&block[..end], allowed[0]), Err(DecodeError::Malformed(_))),
                     "{block:02X?} cut at {end}"
                 );
             }
         }
         // Property Length larger than what follows.
         let mut r = Reader::new(Bytes::from_static(&[0x05, 0x01, 0x00]));
-        assert!(matches!(
-            read_properties(&mut r, Context::Publish),
-            Err(DecodeError::Malformed(_))
-        ));
+        assert!(matches!(read_properties(&mut r, Context::Publish), Err(DecodeError::Malformed(_))));
         // User property with invalid UTF-8.
-        assert!(matches!(
-            read(&[0x26, 0, 1, 0xFF, 0, 0], Context::Publish),
-            Err(DecodeError::Malformed(_))
-        ));
+        assert!(matches!(read(&[0x26, 0, 1, 0xFF, 0, 0], Context::Publish), Err(DecodeError::Malformed(_))));
     }
 
     #[test]
@@ -513,15 +477,10 @@ mod tests {
 
     #[test]
     fn subscription_identifier_above_the_varint_range_is_not_encoded() {
-        let props = Properties {
-            subscription_identifiers: vec![MAX_SUBSCRIPTION_ID + 1],
-            ..Properties::default()
-        };
+        let props =
+            Properties { subscription_identifiers: vec![MAX_SUBSCRIPTION_ID + 1], ..Properties::default() };
         let mut buf = BytesMut::new();
-        assert_eq!(
-            write_properties(&props, Context::Publish, &mut buf),
-            Err(EncodeError::TooLarge)
-        );
+        assert_eq!(write_properties(&props, Context::Publish, &mut buf), Err(EncodeError::TooLarge));
     }
 
     const MAX_SUBSCRIPTION_ID: u32 = 268_435_455;

@@ -9,15 +9,11 @@ use proptest::prelude::*;
 use super::test_util::encode_to_vec;
 use super::{decode, encode};
 use crate::{
-    Connect, LastWill, Packet, Properties, ProtocolVersion, Publish, QoS, RetainHandling,
-    Subscribe, SubscriptionOptions,
+    Connect, LastWill, Packet, Properties, ProtocolVersion, Publish, QoS, RetainHandling, Subscribe,
+    SubscriptionOptions,
 };
 
-const VERSIONS: [ProtocolVersion; 3] = [
-    ProtocolVersion::V3_1,
-    ProtocolVersion::V3_1_1,
-    ProtocolVersion::V5,
-];
+const VERSIONS: [ProtocolVersion; 3] = [ProtocolVersion::V3_1, ProtocolVersion::V3_1_1, ProtocolVersion::V5];
 
 /// Any string a UTF-8 Encoded String may hold (no U+0000).
 fn string() -> impl Strategy<Value = ByteString> {
@@ -34,11 +30,7 @@ fn binary() -> impl Strategy<Value = Bytes> {
 }
 
 fn qos() -> impl Strategy<Value = QoS> {
-    prop_oneof![
-        Just(QoS::AtMostOnce),
-        Just(QoS::AtLeastOnce),
-        Just(QoS::ExactlyOnce)
-    ]
+    prop_oneof![Just(QoS::AtMostOnce), Just(QoS::AtLeastOnce), Just(QoS::ExactlyOnce)]
 }
 
 fn flag() -> impl Strategy<Value = Option<u8>> {
@@ -65,19 +57,17 @@ fn publish_properties() -> impl Strategy<Value = Properties> {
         option::of(1..=u16::MAX),
         user_properties(),
     )
-        .prop_map(
-            |(pfi, expiry, content, response, correlation, ids, alias, users)| Properties {
-                payload_format_indicator: pfi,
-                message_expiry_interval: expiry,
-                content_type: content,
-                response_topic: response,
-                correlation_data: correlation,
-                subscription_identifiers: ids,
-                topic_alias: alias,
-                user_properties: users,
-                ..Properties::default()
-            },
-        )
+        .prop_map(|(pfi, expiry, content, response, correlation, ids, alias, users)| Properties {
+            payload_format_indicator: pfi,
+            message_expiry_interval: expiry,
+            content_type: content,
+            response_topic: response,
+            correlation_data: correlation,
+            subscription_identifiers: ids,
+            topic_alias: alias,
+            user_properties: users,
+            ..Properties::default()
+        })
 }
 
 /// Properties a CONNECT may carry.
@@ -93,20 +83,18 @@ fn connect_properties() -> impl Strategy<Value = Properties> {
         option::of(1..=u32::MAX),
         user_properties(),
     )
-        .prop_map(
-            |(expiry, method, data, problem, response, receive, alias, size, users)| Properties {
-                session_expiry_interval: expiry,
-                authentication_method: method,
-                authentication_data: data,
-                request_problem_information: problem,
-                request_response_information: response,
-                receive_maximum: receive,
-                topic_alias_maximum: alias,
-                maximum_packet_size: size,
-                user_properties: users,
-                ..Properties::default()
-            },
-        )
+        .prop_map(|(expiry, method, data, problem, response, receive, alias, size, users)| Properties {
+            session_expiry_interval: expiry,
+            authentication_method: method,
+            authentication_data: data,
+            request_problem_information: problem,
+            request_response_information: response,
+            receive_maximum: receive,
+            topic_alias_maximum: alias,
+            maximum_packet_size: size,
+            user_properties: users,
+            ..Properties::default()
+        })
 }
 
 /// Properties a CONNECT will may carry.
@@ -170,49 +158,22 @@ fn options(version: ProtocolVersion) -> impl Strategy<Value = SubscriptionOption
     ];
     (qos(), any::<bool>(), any::<bool>(), retain_handling).prop_map(move |(qos, nl, rap, rh)| {
         if v5 {
-            SubscriptionOptions {
-                qos,
-                no_local: nl,
-                retain_as_published: rap,
-                retain_handling: rh,
-            }
+            SubscriptionOptions { qos, no_local: nl, retain_as_published: rap, retain_handling: rh }
         } else {
-            SubscriptionOptions {
-                qos,
-                ..SubscriptionOptions::default()
-            }
+            SubscriptionOptions { qos, ..SubscriptionOptions::default() }
         }
     })
 }
 
 fn subscribe(version: ProtocolVersion) -> impl Strategy<Value = Subscribe> {
-    (
-        1..=u16::MAX,
-        if_v5(version, subscribe_properties()),
-        vec((string(), options(version)), 1..4),
-    )
-        .prop_map(|(packet_id, properties, filters)| Subscribe {
-            packet_id,
-            properties,
-            filters,
-        })
+    (1..=u16::MAX, if_v5(version, subscribe_properties()), vec((string(), options(version)), 1..4))
+        .prop_map(|(packet_id, properties, filters)| Subscribe { packet_id, properties, filters })
 }
 
 fn connect(version: ProtocolVersion) -> impl Strategy<Value = Connect> {
-    let will = (
-        topic_name(),
-        binary(),
-        qos(),
-        any::<bool>(),
-        if_v5(version, will_properties()),
-    )
-        .prop_map(|(topic, payload, qos, retain, properties)| LastWill {
-            topic,
-            payload,
-            qos,
-            retain,
-            properties,
-        });
+    let will = (topic_name(), binary(), qos(), any::<bool>(), if_v5(version, will_properties())).prop_map(
+        |(topic, payload, qos, retain, properties)| LastWill { topic, payload, qos, retain, properties },
+    );
     (
         any::<bool>(),
         any::<u16>(),
@@ -222,26 +183,20 @@ fn connect(version: ProtocolVersion) -> impl Strategy<Value = Connect> {
         option::of(string()),
         option::of(binary()),
     )
-        .prop_map(
-            move |(clean_start, keep_alive, properties, client_id, will, username, password)| {
-                // 3.1.x has no password without a user name.
-                let password = if version.is_v5() || username.is_some() {
-                    password
-                } else {
-                    None
-                };
-                Connect {
-                    protocol: version,
-                    clean_start,
-                    keep_alive,
-                    properties,
-                    client_id,
-                    will,
-                    username,
-                    password,
-                }
-            },
-        )
+        .prop_map(move |(clean_start, keep_alive, properties, client_id, will, username, password)| {
+            // 3.1.x has no password without a user name.
+            let password = if version.is_v5() || username.is_some() { password } else { None };
+            Connect {
+                protocol: version,
+                clean_start,
+                keep_alive,
+                properties,
+                client_id,
+                will,
+                username,
+                password,
+            }
+        })
 }
 
 /// Encodes `packet`, checks `encoded_len`, and decodes it back.
@@ -268,15 +223,11 @@ fn decode_all(bytes: &[u8], version: ProtocolVersion, max: u32) {
 fn any_valid() -> impl Strategy<Value = (Packet, ProtocolVersion)> {
     prop_oneof![
         publish(ProtocolVersion::V5).prop_map(|p| (Packet::Publish(p), ProtocolVersion::V5)),
-        publish(ProtocolVersion::V3_1_1)
-            .prop_map(|p| (Packet::Publish(p), ProtocolVersion::V3_1_1)),
+        publish(ProtocolVersion::V3_1_1).prop_map(|p| (Packet::Publish(p), ProtocolVersion::V3_1_1)),
         subscribe(ProtocolVersion::V5).prop_map(|p| (Packet::Subscribe(p), ProtocolVersion::V5)),
-        subscribe(ProtocolVersion::V3_1_1)
-            .prop_map(|p| (Packet::Subscribe(p), ProtocolVersion::V3_1_1)),
-        connect(ProtocolVersion::V5)
-            .prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V5)),
-        connect(ProtocolVersion::V3_1)
-            .prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V3_1)),
+        subscribe(ProtocolVersion::V3_1_1).prop_map(|p| (Packet::Subscribe(p), ProtocolVersion::V3_1_1)),
+        connect(ProtocolVersion::V5).prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V5)),
+        connect(ProtocolVersion::V3_1).prop_map(|p| (Packet::Connect(Box::new(p)), ProtocolVersion::V3_1)),
     ]
 }
 

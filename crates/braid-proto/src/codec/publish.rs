@@ -23,11 +23,7 @@ pub(super) fn decode_publish(
     if !(topic.is_empty() || valid_topic_name(&topic)) {
         return Err(DecodeError::TopicNameInvalid);
     }
-    let packet_id = if flags.qos == QoS::AtMostOnce {
-        0
-    } else {
-        r.packet_id()?
-    };
+    let packet_id = if flags.qos == QoS::AtMostOnce { 0 } else { r.packet_id()? };
     let properties = read_v5_properties(&mut r, version, Context::Publish)?;
     if topic.is_empty() && properties.topic_alias.is_none() {
         return Err(DecodeError::TopicNameInvalid);
@@ -87,79 +83,49 @@ mod tests {
 
     #[test]
     fn known_bytes() {
-        let qos0 = Publish {
-            topic: "a/b".into(),
-            payload: Bytes::from_static(b"hi"),
-            ..Publish::default()
-        };
+        let qos0 = Publish { topic: "a/b".into(), payload: Bytes::from_static(b"hi"), ..Publish::default() };
         let bytes = [0x30, 0x07, 0x00, 0x03, b'a', b'/', b'b', b'h', b'i'];
         assert_eq!(round_trip(&Packet::Publish(qos0.clone()), V3_1_1), bytes);
         let bytes = [0x30, 0x08, 0x00, 0x03, b'a', b'/', b'b', 0x00, b'h', b'i'];
         assert_eq!(round_trip(&Packet::Publish(qos0.clone()), V5), bytes);
 
-        let qos1 = Publish {
-            qos: QoS::AtLeastOnce,
-            packet_id: 10,
-            retain: true,
-            ..qos0.clone()
-        };
-        let bytes = [
-            0x33, 0x09, 0x00, 0x03, b'a', b'/', b'b', 0x00, 0x0A, b'h', b'i',
-        ];
+        let qos1 = Publish { qos: QoS::AtLeastOnce, packet_id: 10, retain: true, ..qos0.clone() };
+        let bytes = [0x33, 0x09, 0x00, 0x03, b'a', b'/', b'b', 0x00, 0x0A, b'h', b'i'];
         assert_eq!(round_trip(&Packet::Publish(qos1), V3_1_1), bytes);
 
         let aliased = Publish {
             qos: QoS::ExactlyOnce,
             packet_id: 10,
             dup: true,
-            properties: Properties {
-                topic_alias: Some(5),
-                ..Properties::default()
-            },
+            properties: Properties { topic_alias: Some(5), ..Properties::default() },
             ..qos0
         };
-        let bytes = [
-            0x3C, 0x0D, 0x00, 0x03, b'a', b'/', b'b', 0x00, 0x0A, 0x03, 0x23, 0x00, 0x05, b'h',
-            b'i',
-        ];
+        let bytes =
+            [0x3C, 0x0D, 0x00, 0x03, b'a', b'/', b'b', 0x00, 0x0A, 0x03, 0x23, 0x00, 0x05, b'h', b'i'];
         assert_eq!(round_trip(&Packet::Publish(aliased), V5), bytes);
     }
 
     #[test]
     fn round_trip_every_version_and_qos() {
         for version in VERSIONS {
-            for (qos, id) in [
-                (QoS::AtMostOnce, 0),
-                (QoS::AtLeastOnce, 1),
-                (QoS::ExactlyOnce, 0xFFFF),
-            ] {
+            for (qos, id) in [(QoS::AtMostOnce, 0), (QoS::AtLeastOnce, 1), (QoS::ExactlyOnce, 0xFFFF)] {
                 let plain = Packet::Publish(publish(qos, id, Properties::default()));
                 round_trip(&plain, version);
-                let expected = if version.is_v5() {
-                    allowed::publish()
-                } else {
-                    Properties::default()
-                };
+                let expected = if version.is_v5() { allowed::publish() } else { Properties::default() };
                 round_trip_as(
                     &Packet::Publish(publish(qos, id, all_properties())),
                     version,
                     &Packet::Publish(publish(qos, id, expected)),
                 );
             }
-            let empty_payload = Publish {
-                topic: "t".into(),
-                ..Publish::default()
-            };
+            let empty_payload = Publish { topic: "t".into(), ..Publish::default() };
             round_trip(&Packet::Publish(empty_payload), version);
         }
     }
 
     #[test]
     fn topic_and_payload_are_slices_of_the_buffer() {
-        let bytes = encode_to_vec(
-            &Packet::Publish(publish(QoS::AtLeastOnce, 1, all_properties())),
-            V5,
-        );
+        let bytes = encode_to_vec(&Packet::Publish(publish(QoS::AtLeastOnce, 1, all_properties())), V5);
         let mut buf = BytesMut::from(&bytes[..]);
         let start = buf.as_ptr() as usize;
         let end = start + buf.len();
@@ -207,16 +173,10 @@ mod tests {
                 Err(DecodeError::TopicNameInvalid)
             );
         }
-        assert_eq!(
-            decode_one(&[0x30, 0x04, 0x00, 0x00, 0x00, b'x'], V5),
-            Err(DecodeError::TopicNameInvalid)
-        );
+        assert_eq!(decode_one(&[0x30, 0x04, 0x00, 0x00, 0x00, b'x'], V5), Err(DecodeError::TopicNameInvalid));
         let aliased = Publish {
             topic: "".into(),
-            properties: Properties {
-                topic_alias: Some(1),
-                ..Properties::default()
-            },
+            properties: Properties { topic_alias: Some(1), ..Properties::default() },
             payload: Bytes::from_static(b"x"),
             ..Publish::default()
         };
@@ -244,9 +204,7 @@ mod tests {
             frame(0x30, &body)
         };
         // Subscription Identifier may repeat in PUBLISH; 0 is a Protocol error.
-        let Packet::Publish(p) =
-            decode_one(&with_props(&[0x0B, 0x01, 0x0B, 0xFF, 0x7F]), V5).unwrap()
-        else {
+        let Packet::Publish(p) = decode_one(&with_props(&[0x0B, 0x01, 0x0B, 0xFF, 0x7F]), V5).unwrap() else {
             panic!("not a PUBLISH");
         };
         assert_eq!(p.properties.subscription_identifiers, [1, 16_383]);

@@ -49,9 +49,7 @@ fn read_list<T>(
         items.push(item(r)?);
     }
     if items.is_empty() {
-        return Err(DecodeError::Protocol(
-            "empty topic filter or reason code list",
-        ));
+        return Err(DecodeError::Protocol("empty topic filter or reason code list"));
     }
     Ok(items)
 }
@@ -59,15 +57,9 @@ fn read_list<T>(
 /// Decodes a Subscription Options byte. v5 uses bits 0-5 (QoS, No Local, Retain As
 /// Published, Retain Handling), 3.1.x only the QoS bits; the others must be 0.
 fn decode_options(byte: u8, version: ProtocolVersion) -> Result<SubscriptionOptions, DecodeError> {
-    let reserved = if version.is_v5() {
-        0b1100_0000
-    } else {
-        0b1111_1100
-    };
+    let reserved = if version.is_v5() { 0b1100_0000 } else { 0b1111_1100 };
     if byte & reserved != 0 {
-        return Err(DecodeError::Malformed(
-            "reserved subscription option bits set",
-        ));
+        return Err(DecodeError::Malformed("reserved subscription option bits set"));
     }
     let qos = QoS::from_u8(byte & 0b11).ok_or(DecodeError::Malformed("subscription QoS 3"))?;
     let retain_handling = match (byte >> 4) & 0b11 {
@@ -118,39 +110,25 @@ fn v3_suback_reason(code: u8) -> Result<ReasonCode, DecodeError> {
 
 /// Decodes the body of a SUBSCRIBE: at least one filter, each with its options byte. The
 /// filters' syntax is left to the broker, which answers invalid ones in SUBACK.
-pub(super) fn decode_subscribe(
-    mut r: Reader,
-    version: ProtocolVersion,
-) -> Result<Subscribe, DecodeError> {
+pub(super) fn decode_subscribe(mut r: Reader, version: ProtocolVersion) -> Result<Subscribe, DecodeError> {
     let (packet_id, properties) = read_header(&mut r, version, Context::Subscribe)?;
     let filters = read_list(&mut r, |r| {
         let filter = r.string()?;
         let options = decode_options(r.u8()?, version)?;
         Ok((filter, options))
     })?;
-    Ok(Subscribe {
-        packet_id,
-        properties,
-        filters,
-    })
+    Ok(Subscribe { packet_id, properties, filters })
 }
 
 /// Decodes the body of a SUBACK: at least one reason code.
-pub(super) fn decode_suback(
-    mut r: Reader,
-    version: ProtocolVersion,
-) -> Result<SubAck, DecodeError> {
+pub(super) fn decode_suback(mut r: Reader, version: ProtocolVersion) -> Result<SubAck, DecodeError> {
     let (packet_id, properties) = read_header(&mut r, version, Context::SubAck)?;
     let reasons = if version.is_v5() {
         read_list(&mut r, Reader::reason)?
     } else {
         read_list(&mut r, |r| v3_suback_reason(r.u8()?))?
     };
-    Ok(SubAck {
-        packet_id,
-        properties,
-        reasons,
-    })
+    Ok(SubAck { packet_id, properties, reasons })
 }
 
 /// Decodes the body of an UNSUBSCRIBE: at least one filter.
@@ -160,19 +138,12 @@ pub(super) fn decode_unsubscribe(
 ) -> Result<Unsubscribe, DecodeError> {
     let (packet_id, properties) = read_header(&mut r, version, Context::Unsubscribe)?;
     let filters = read_list(&mut r, Reader::string)?;
-    Ok(Unsubscribe {
-        packet_id,
-        properties,
-        filters,
-    })
+    Ok(Unsubscribe { packet_id, properties, filters })
 }
 
 /// Decodes the body of an UNSUBACK: v5 has at least one reason code, 3.1.x nothing after the
 /// Packet Identifier.
-pub(super) fn decode_unsuback(
-    mut r: Reader,
-    version: ProtocolVersion,
-) -> Result<UnsubAck, DecodeError> {
+pub(super) fn decode_unsuback(mut r: Reader, version: ProtocolVersion) -> Result<UnsubAck, DecodeError> {
     let (packet_id, properties) = read_header(&mut r, version, Context::UnsubAck)?;
     let reasons = if version.is_v5() {
         read_list(&mut r, Reader::reason)?
@@ -180,31 +151,17 @@ pub(super) fn decode_unsuback(
         r.finish()?;
         Vec::new()
     };
-    Ok(UnsubAck {
-        packet_id,
-        properties,
-        reasons,
-    })
+    Ok(UnsubAck { packet_id, properties, reasons })
 }
 
 impl Body for Subscribe {
     fn body_len(&self, version: ProtocolVersion) -> usize {
-        let filters: usize = self
-            .filters
-            .iter()
-            .map(|(f, _)| prefixed_len(f.len()) + 1)
-            .sum();
+        let filters: usize = self.filters.iter().map(|(f, _)| prefixed_len(f.len()) + 1).sum();
         header_len(&self.properties, version, Context::Subscribe) + filters
     }
 
     fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
-        write_header(
-            self.packet_id,
-            &self.properties,
-            version,
-            Context::Subscribe,
-            buf,
-        )?;
+        write_header(self.packet_id, &self.properties, version, Context::Subscribe, buf)?;
         for (filter, options) in &self.filters {
             put_prefixed(buf, filter.as_bytes())?;
             buf.put_u8(encode_options(options, version));
@@ -219,19 +176,9 @@ impl Body for SubAck {
     }
 
     fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
-        write_header(
-            self.packet_id,
-            &self.properties,
-            version,
-            Context::SubAck,
-            buf,
-        )?;
+        write_header(self.packet_id, &self.properties, version, Context::SubAck, buf)?;
         for &reason in &self.reasons {
-            buf.put_u8(if version.is_v5() {
-                reason as u8
-            } else {
-                v3_suback_code(reason)
-            });
+            buf.put_u8(if version.is_v5() { reason as u8 } else { v3_suback_code(reason) });
         }
         Ok(())
     }
@@ -244,13 +191,7 @@ impl Body for Unsubscribe {
     }
 
     fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
-        write_header(
-            self.packet_id,
-            &self.properties,
-            version,
-            Context::Unsubscribe,
-            buf,
-        )?;
+        write_header(self.packet_id, &self.properties, version, Context::Unsubscribe, buf)?;
         for filter in &self.filters {
             put_prefixed(buf, filter.as_bytes())?;
         }
@@ -260,22 +201,12 @@ impl Body for Unsubscribe {
 
 impl Body for UnsubAck {
     fn body_len(&self, version: ProtocolVersion) -> usize {
-        let reasons = if version.is_v5() {
-            self.reasons.len()
-        } else {
-            0
-        };
+        let reasons = if version.is_v5() { self.reasons.len() } else { 0 };
         header_len(&self.properties, version, Context::UnsubAck) + reasons
     }
 
     fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
-        write_header(
-            self.packet_id,
-            &self.properties,
-            version,
-            Context::UnsubAck,
-            buf,
-        )?;
+        write_header(self.packet_id, &self.properties, version, Context::UnsubAck, buf)?;
         if version.is_v5() {
             for &reason in &self.reasons {
                 buf.put_u8(reason as u8);
@@ -298,10 +229,7 @@ mod tests {
     const V5: ProtocolVersion = ProtocolVersion::V5;
 
     fn options(qos: QoS) -> SubscriptionOptions {
-        SubscriptionOptions {
-            qos,
-            ..SubscriptionOptions::default()
-        }
+        SubscriptionOptions { qos, ..SubscriptionOptions::default() }
     }
 
     fn rich_options() -> SubscriptionOptions {
@@ -336,26 +264,16 @@ mod tests {
         let packet = Packet::Subscribe(Subscribe {
             packet_id: 10,
             properties: Properties::default(),
-            filters: vec![
-                ("a/b".into(), options(QoS::AtLeastOnce)),
-                ("c".into(), options(QoS::ExactlyOnce)),
-            ],
+            filters: vec![("a/b".into(), options(QoS::AtLeastOnce)), ("c".into(), options(QoS::ExactlyOnce))],
         });
-        let v3 = [
-            0x82, 0x0C, 0x00, 0x0A, 0x00, 0x03, b'a', b'/', b'b', 0x01, 0x00, 0x01, b'c', 0x02,
-        ];
+        let v3 = [0x82, 0x0C, 0x00, 0x0A, 0x00, 0x03, b'a', b'/', b'b', 0x01, 0x00, 0x01, b'c', 0x02];
         assert_eq!(round_trip(&packet, V3_1_1), v3);
         let packet = Packet::Subscribe(Subscribe {
             packet_id: 10,
-            properties: Properties {
-                subscription_identifiers: vec![300],
-                ..Properties::default()
-            },
+            properties: Properties { subscription_identifiers: vec![300], ..Properties::default() },
             filters: vec![("a/b".into(), rich_options())],
         });
-        let v5 = [
-            0x82, 0x0C, 0x00, 0x0A, 0x03, 0x0B, 0xAC, 0x02, 0x00, 0x03, b'a', b'/', b'b', 0x2E,
-        ];
+        let v5 = [0x82, 0x0C, 0x00, 0x0A, 0x03, 0x0B, 0xAC, 0x02, 0x00, 0x03, b'a', b'/', b'b', 0x2E];
         assert_eq!(round_trip(&packet, V5), v5);
     }
 
@@ -409,40 +327,19 @@ mod tests {
         }
         assert!(decode_one(&[0x82, 0x07, 0x00, 0x01, 0x00, 0x00, 0x01, b'a', 0x2E], V5).is_ok());
         // Subscription Identifier: once only, not 0.
-        assert_protocol(
-            &[
-                0x82, 0x0B, 0x00, 0x01, 0x04, 0x0B, 0x01, 0x0B, 0x02, 0x00, 0x01, b'a', 0x00,
-            ],
-            V5,
-        );
-        assert_protocol(
-            &[
-                0x82, 0x09, 0x00, 0x01, 0x02, 0x0B, 0x00, 0x00, 0x01, b'a', 0x00,
-            ],
-            V5,
-        );
+        assert_protocol(&[0x82, 0x0B, 0x00, 0x01, 0x04, 0x0B, 0x01, 0x0B, 0x02, 0x00, 0x01, b'a', 0x00], V5);
+        assert_protocol(&[0x82, 0x09, 0x00, 0x01, 0x02, 0x0B, 0x00, 0x00, 0x01, b'a', 0x00], V5);
         // Subscription Identifier of five bytes.
         assert_malformed(
-            &[
-                0x82, 0x0C, 0x00, 0x01, 0x05, 0x0B, 0x80, 0x80, 0x80, 0x80, 0x00, 0x01, b'a', 0x00,
-            ],
+            &[0x82, 0x0C, 0x00, 0x01, 0x05, 0x0B, 0x80, 0x80, 0x80, 0x80, 0x00, 0x01, b'a', 0x00],
             V5,
         );
         // Reason String is not allowed in SUBSCRIBE.
-        assert_protocol(
-            &[
-                0x82, 0x0A, 0x00, 0x01, 0x03, 0x1F, 0x00, 0x00, 0x00, 0x01, b'a', 0x00,
-            ],
-            V5,
-        );
+        assert_protocol(&[0x82, 0x0A, 0x00, 0x01, 0x03, 0x1F, 0x00, 0x00, 0x00, 0x01, b'a', 0x00], V5);
     }
 
     fn suback(properties: Properties, reasons: Vec<ReasonCode>) -> Packet {
-        Packet::SubAck(SubAck {
-            packet_id: 10,
-            properties,
-            reasons,
-        })
+        Packet::SubAck(SubAck { packet_id: 10, properties, reasons })
     }
 
     #[test]
@@ -450,21 +347,12 @@ mod tests {
         use ReasonCode::*;
         // The 3.1.1 spec's example: granted QoS 0, 1, 2 and a failure.
         let v3 = [0x90, 0x06, 0x00, 0x0A, 0x00, 0x01, 0x02, 0x80];
-        let packet = suback(
-            Properties::default(),
-            vec![Success, GrantedQoS1, GrantedQoS2, UnspecifiedError],
-        );
+        let packet = suback(Properties::default(), vec![Success, GrantedQoS1, GrantedQoS2, UnspecifiedError]);
         assert_eq!(round_trip(&packet, V3_1_1), v3);
         let v5 = [0x90, 0x07, 0x00, 0x0A, 0x00, 0x00, 0x01, 0x02, 0x80];
         assert_eq!(round_trip(&packet, V5), v5);
-        let packet = suback(
-            Properties::default(),
-            vec![GrantedQoS1, NotAuthorized, TopicFilterInvalid],
-        );
-        assert_eq!(
-            round_trip(&packet, V5),
-            [0x90, 0x06, 0x00, 0x0A, 0x00, 0x01, 0x87, 0x8F]
-        );
+        let packet = suback(Properties::default(), vec![GrantedQoS1, NotAuthorized, TopicFilterInvalid]);
+        assert_eq!(round_trip(&packet, V5), [0x90, 0x06, 0x00, 0x0A, 0x00, 0x01, 0x87, 0x8F]);
     }
 
     #[test]
@@ -484,14 +372,8 @@ mod tests {
             &suback(allowed::ack(), reasons.clone()),
         );
         // 3.1.x: every failure is 0x80, which decodes as Unspecified error.
-        let v3 = vec![
-            Success,
-            GrantedQoS1,
-            GrantedQoS2,
-            UnspecifiedError,
-            UnspecifiedError,
-            UnspecifiedError,
-        ];
+        let v3 =
+            vec![Success, GrantedQoS1, GrantedQoS2, UnspecifiedError, UnspecifiedError, UnspecifiedError];
         for version in [V3_1, V3_1_1] {
             let bytes = round_trip_as(
                 &suback(all_properties(), reasons.clone()),
@@ -513,59 +395,34 @@ mod tests {
     }
 
     fn unsubscribe(properties: Properties) -> Packet {
-        Packet::Unsubscribe(Unsubscribe {
-            packet_id: 7,
-            properties,
-            filters: vec!["a/b".into(), "#".into()],
-        })
+        Packet::Unsubscribe(Unsubscribe { packet_id: 7, properties, filters: vec!["a/b".into(), "#".into()] })
     }
 
     #[test]
     fn unsubscribe_round_trips_and_checks() {
-        let v3 = [
-            0xA2, 0x0A, 0x00, 0x07, 0x00, 0x03, b'a', b'/', b'b', 0x00, 0x01, b'#',
-        ];
+        let v3 = [0xA2, 0x0A, 0x00, 0x07, 0x00, 0x03, b'a', b'/', b'b', 0x00, 0x01, b'#'];
         for version in [V3_1, V3_1_1] {
             assert_eq!(
-                round_trip_as(
-                    &unsubscribe(all_properties()),
-                    version,
-                    &unsubscribe(Properties::default())
-                ),
+                round_trip_as(&unsubscribe(all_properties()), version, &unsubscribe(Properties::default())),
                 v3
             );
         }
-        round_trip_as(
-            &unsubscribe(all_properties()),
-            V5,
-            &unsubscribe(allowed::unsubscribe()),
-        );
+        round_trip_as(&unsubscribe(all_properties()), V5, &unsubscribe(allowed::unsubscribe()));
         assert_protocol(&[0xA2, 0x02, 0x00, 0x01], V3_1_1);
         assert_protocol(&[0xA2, 0x03, 0x00, 0x01, 0x00], V5);
         assert_protocol(&[0xA2, 0x05, 0x00, 0x00, 0x00, 0x01, b'a'], V3_1_1);
         assert_malformed(&[0xA2, 0x05, 0x00, 0x01, 0x00, 0x02, b'a'], V3_1_1);
         // Subscription Identifier is not allowed in UNSUBSCRIBE.
-        assert_protocol(
-            &[0xA2, 0x08, 0x00, 0x01, 0x02, 0x0B, 0x01, 0x00, 0x01, b'a'],
-            V5,
-        );
+        assert_protocol(&[0xA2, 0x08, 0x00, 0x01, 0x02, 0x0B, 0x01, 0x00, 0x01, b'a'], V5);
     }
 
     fn unsuback(properties: Properties, reasons: Vec<ReasonCode>) -> Packet {
-        Packet::UnsubAck(UnsubAck {
-            packet_id: 7,
-            properties,
-            reasons,
-        })
+        Packet::UnsubAck(UnsubAck { packet_id: 7, properties, reasons })
     }
 
     #[test]
     fn unsuback_round_trips_and_checks() {
-        let reasons = vec![
-            ReasonCode::Success,
-            ReasonCode::NoSubscriptionExisted,
-            ReasonCode::NotAuthorized,
-        ];
+        let reasons = vec![ReasonCode::Success, ReasonCode::NoSubscriptionExisted, ReasonCode::NotAuthorized];
         for version in [V3_1, V3_1_1] {
             let bytes = round_trip_as(
                 &unsuback(all_properties(), reasons.clone()),

@@ -9,11 +9,7 @@ use crate::{DecodeError, Packet, Properties, ProtocolVersion};
 pub(super) fn encode_to_vec(packet: &Packet, version: ProtocolVersion) -> Vec<u8> {
     let mut buf = BytesMut::new();
     encode(packet, version, &mut buf).expect("encode");
-    assert_eq!(
-        buf.len(),
-        encoded_len(packet, version),
-        "encoded_len of {packet:?}"
-    );
+    assert_eq!(buf.len(), encoded_len(packet, version), "encoded_len of {packet:?}");
     buf.to_vec()
 }
 
@@ -29,32 +25,16 @@ pub(super) fn decode_one(bytes: &[u8], version: ProtocolVersion) -> Result<Packe
 pub(super) fn assert_prefixes_incomplete(bytes: &[u8], version: ProtocolVersion) {
     for end in 0..bytes.len() {
         let mut buf = BytesMut::from(&bytes[..end]);
-        assert_eq!(
-            decode(&mut buf, version, u32::MAX),
-            Ok(None),
-            "prefix of {end} bytes"
-        );
-        assert_eq!(
-            &buf[..],
-            &bytes[..end],
-            "prefix of {end} bytes was consumed"
-        );
+        assert_eq!(decode(&mut buf, version, u32::MAX), Ok(None), "prefix of {end} bytes");
+        assert_eq!(&buf[..], &bytes[..end], "prefix of {end} bytes was consumed");
     }
 }
 
 /// Encodes `packet`, decodes it back to `expected`, checks that every prefix is incomplete
 /// and returns the bytes.
-pub(super) fn round_trip_as(
-    packet: &Packet,
-    version: ProtocolVersion,
-    expected: &Packet,
-) -> Vec<u8> {
+pub(super) fn round_trip_as(packet: &Packet, version: ProtocolVersion, expected: &Packet) -> Vec<u8> {
     let bytes = encode_to_vec(packet, version);
-    assert_eq!(
-        decode_one(&bytes, version).as_ref(),
-        Ok(expected),
-        "{version:?} {bytes:02X?}"
-    );
+    assert_eq!(decode_one(&bytes, version).as_ref(), Ok(expected), "{version:?} {bytes:02X?}");
     assert_prefixes_incomplete(&bytes, version);
     bytes
 }
@@ -69,10 +49,7 @@ pub(super) fn round_trip(packet: &Packet, version: ProtocolVersion) -> Vec<u8> {
 pub(super) fn assert_malformed(bytes: &[u8], version: ProtocolVersion) {
     let mut buf = BytesMut::from(bytes);
     let result = decode(&mut buf, version, u32::MAX);
-    assert!(
-        matches!(result, Err(DecodeError::Malformed(_))),
-        "{bytes:02X?}: {result:?}"
-    );
+    assert!(matches!(result, Err(DecodeError::Malformed(_))), "{bytes:02X?}: {result:?}");
 }
 
 /// Asserts that `bytes` decode to a Protocol error.
@@ -80,10 +57,7 @@ pub(super) fn assert_malformed(bytes: &[u8], version: ProtocolVersion) {
 pub(super) fn assert_protocol(bytes: &[u8], version: ProtocolVersion) {
     let mut buf = BytesMut::from(bytes);
     let result = decode(&mut buf, version, u32::MAX);
-    assert!(
-        matches!(result, Err(DecodeError::Protocol(_))),
-        "{bytes:02X?}: {result:?}"
-    );
+    assert!(matches!(result, Err(DecodeError::Protocol(_))), "{bytes:02X?}: {result:?}");
 }
 
 /// Prepends a fixed header (with a one byte Remaining Length) to `body`.
@@ -118,11 +92,7 @@ pub(super) fn all_properties() -> Properties {
         topic_alias: Some(3),
         maximum_qos: Some(1),
         retain_available: Some(0),
-        user_properties: vec![
-            ("k".into(), "v1".into()),
-            ("k".into(), "v2".into()),
-            ("é".into(), "".into()),
-        ],
+        user_properties: vec![("k".into(), "v1".into()), ("k".into(), "v2".into()), ("é".into(), "".into())],
         maximum_packet_size: Some(1 << 20),
         wildcard_subscription_available: Some(1),
         subscription_identifier_available: Some(0),
@@ -137,10 +107,7 @@ pub(super) mod allowed {
     use crate::Properties;
 
     fn user_only() -> Properties {
-        Properties {
-            user_properties: all_properties().user_properties,
-            ..Properties::default()
-        }
+        Properties { user_properties: all_properties().user_properties, ..Properties::default() }
     }
 
     /// CONNECT.
@@ -214,18 +181,12 @@ pub(super) mod allowed {
 
     /// PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK and UNSUBACK.
     pub(crate) fn ack() -> Properties {
-        Properties {
-            reason_string: all_properties().reason_string,
-            ..user_only()
-        }
+        Properties { reason_string: all_properties().reason_string, ..user_only() }
     }
 
     /// SUBSCRIBE: one Subscription Identifier at most.
     pub(crate) fn subscribe() -> Properties {
-        Properties {
-            subscription_identifiers: vec![7],
-            ..user_only()
-        }
+        Properties { subscription_identifiers: vec![7], ..user_only() }
     }
 
     /// UNSUBSCRIBE.
