@@ -198,7 +198,8 @@ impl Broker {
         let will = {
             let mut st = old.lock();
             if let Some(link) = st.link.take() {
-                link.ctl.close(ReasonCode::SessionTakenOver);
+                link.ctl
+                    .close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
                 self.metrics.client_disconnected();
             }
             st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)

@@ -1,17 +1,23 @@
 //! How one connection is told to close, from its own tasks or from elsewhere (takeover,
 //! shutdown).
 
+use std::borrow::Cow;
+
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use braid_proto::ReasonCode;
 
-/// Close signal of one connection. The first reason given wins; the writer sends it in a v5
+/// Why a connection closes: the reason code and a human-readable detail, sent to v5 clients as
+/// DISCONNECT's Reason String.
+pub type CloseReason = (ReasonCode, Cow<'static, str>);
+
+/// Close signal of one connection. The first reason given wins; the connection sends it in a v5
 /// DISCONNECT before closing the socket.
 #[derive(Debug)]
 pub struct ConnControl {
     token: CancellationToken,
-    reason: Mutex<Option<ReasonCode>>,
+    reason: Mutex<Option<CloseReason>>,
 }
 
 impl ConnControl {
@@ -20,9 +26,14 @@ impl ConnControl {
         ConnControl { token: parent.child_token(), reason: Mutex::new(None) }
     }
 
-    /// Asks the connection to close with `reason`.
+    /// Asks the connection to close with `reason`, explained by the code's own description.
     pub fn close(&self, reason: ReasonCode) {
-        self.reason.lock().get_or_insert(reason);
+        self.close_because(reason, reason.description());
+    }
+
+    /// Asks the connection to close with `reason`, explained by `detail`.
+    pub fn close_because(&self, reason: ReasonCode, detail: impl Into<Cow<'static, str>>) {
+        self.reason.lock().get_or_insert_with(|| (reason, detail.into()));
         self.token.cancel();
     }
 
@@ -38,6 +49,12 @@ impl ConnControl {
 
     /// Why the connection closes (server shutdown when no one said).
     pub fn reason(&self) -> ReasonCode {
-        self.reason.lock().unwrap_or(ReasonCode::ServerShuttingDown)
+        self.reason.lock().as_ref().map_or(ReasonCode::ServerShuttingDown, |r| r.0)
+    }
+
+    /// Why the connection closes, with its detail.
+    pub fn reason_with_detail(&self) -> CloseReason {
+        let r = self.reason.lock();
+        r.clone().unwrap_or((ReasonCode::ServerShuttingDown, Cow::Borrowed("server shutting down")))
     }
 }

@@ -1,5 +1,6 @@
 //! What the broker does with each packet a connected client sends.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,14 +15,14 @@ use crate::metrics::Metrics;
 use crate::session::Session;
 
 /// What the read loop does after a packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Flow {
     /// Keep reading.
     Continue,
     /// The client said DISCONNECT.
     End(Ending),
-    /// Close the connection with this reason (sent in a v5 DISCONNECT).
-    Close(ReasonCode),
+    /// Close the connection with this reason and detail (sent in a v5 DISCONNECT).
+    Close(ReasonCode, Cow<'static, str>),
 }
 
 /// Per-connection inbound state.
@@ -76,14 +77,14 @@ impl<'a> Inbound<'a> {
             }
             Packet::PingReq => Some(Packet::PingResp),
             Packet::Disconnect(d) => return self.disconnect(d),
-            Packet::Connect(_) => return Flow::Close(ReasonCode::ProtocolError),
+            Packet::Connect(_) => return close(ReasonCode::ProtocolError, "second CONNECT on a connection"),
             // No authentication method is configured, so AUTH has nothing to continue; packets
             // only a server sends are errors too.
             Packet::Auth(_)
             | Packet::ConnAck(_)
             | Packet::SubAck(_)
             | Packet::UnsubAck(_)
-            | Packet::PingResp => return Flow::Close(ReasonCode::ProtocolError),
+            | Packet::PingResp => return close(ReasonCode::ProtocolError, "a packet only a server may send"),
         };
         if let Some(p) = reply {
             self.reply(&p, out);
@@ -101,7 +102,10 @@ impl<'a> Inbound<'a> {
             let mut st = self.session.lock();
             // A session that was to end at disconnect may not be revived here (MQTT-3.14.2-2).
             if st.expiry_secs == 0 && expiry != 0 {
-                return Flow::Close(ReasonCode::ProtocolError);
+                return close(
+                    ReasonCode::ProtocolError,
+                    "session expiry set at DISCONNECT after connecting with 0",
+                );
             }
             st.expiry_secs = expiry.min(self.broker.config.session.max_session_expiry_secs);
         }
@@ -115,22 +119,24 @@ impl<'a> Inbound<'a> {
         let cfg = &self.broker.config.mqtt;
         if let Some(alias) = p.properties.topic_alias {
             if alias == 0 || alias > cfg.topic_alias_maximum {
-                return Flow::Close(ReasonCode::TopicAliasInvalid);
+                return close(ReasonCode::TopicAliasInvalid, "topic alias 0 or above Topic Alias Maximum");
             }
             if p.topic.is_empty() {
                 match self.aliases.get(&alias) {
                     Some(topic) => p.topic = topic.clone(),
-                    None => return Flow::Close(ReasonCode::ProtocolError),
+                    None => {
+                        return close(ReasonCode::ProtocolError, "topic alias used before it was defined")
+                    }
                 }
             } else {
                 self.aliases.insert(alias, p.topic.clone());
             }
         }
         if p.qos as u8 > cfg.max_qos {
-            return Flow::Close(ReasonCode::QoSNotSupported);
+            return close(ReasonCode::QoSNotSupported, "QoS above Maximum QoS");
         }
         if p.retain && !cfg.retain_available {
-            return Flow::Close(ReasonCode::RetainNotSupported);
+            return close(ReasonCode::RetainNotSupported, "retained messages are disabled");
         }
         Metrics::add(&self.broker.metrics.messages_received, 1);
         let (qos, id) = (p.qos, p.packet_id);
@@ -159,7 +165,10 @@ impl<'a> Inbound<'a> {
                     if st.incoming_qos2.contains(&id) {
                         false
                     } else if st.incoming_qos2.len() >= usize::from(cfg.receive_maximum) {
-                        return Flow::Close(ReasonCode::ReceiveMaximumExceeded);
+                        return close(
+                            ReasonCode::ReceiveMaximumExceeded,
+                            "more unreleased QoS 2 messages than Receive Maximum",
+                        );
                     } else {
                         st.incoming_qos2.insert(id)
                     }
@@ -178,4 +187,8 @@ impl<'a> Inbound<'a> {
 /// True for `$SYS` and everything below it.
 fn is_sys_topic(topic: &str) -> bool {
     topic.strip_prefix("$SYS").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+fn close(reason: ReasonCode, detail: &'static str) -> Flow {
+    Flow::Close(reason, Cow::Borrowed(detail))
 }

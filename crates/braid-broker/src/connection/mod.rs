@@ -110,7 +110,8 @@ async fn read_connect<R: AsyncRead + Unpin>(
 /// Writes a refusing CONNACK and closes.
 async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
     let mut buf = BytesMut::new();
-    let ack = ConnAck { session_present: false, reason, properties: Properties::default() };
+    let properties = Properties { reason_string: Some(reason.description().into()), ..Default::default() };
+    let ack = ConnAck { session_present: false, reason, properties };
     if encode(&Packet::ConnAck(ack), version, &mut buf).is_ok() {
         let _ = tokio::time::timeout(Duration::from_secs(1), wr.write_all(&buf)).await;
     }
@@ -155,10 +156,7 @@ impl Connection<'_> {
                         other => break other,
                     },
                     Ok(None) => break Flow::Continue,
-                    Err(e) => {
-                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {e}");
-                        break Flow::Close(e.reason_code());
-                    }
+                    Err(e) => break Flow::Close(e.reason_code(), e.to_string().into()),
                 }
             };
             match flow {
@@ -167,11 +165,9 @@ impl Connection<'_> {
                     a.ctl.close(ReasonCode::Success);
                     return ending;
                 }
-                Flow::Close(reason) => {
-                    if reason != ReasonCode::MalformedPacket {
-                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {}", reason.description());
-                    }
-                    a.ctl.close(reason);
+                Flow::Close(reason, detail) => {
+                    info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {detail} ({})", reason.description());
+                    a.ctl.close_because(reason, detail);
                     return Ending::WithWill;
                 }
             }
@@ -214,8 +210,9 @@ impl Connection<'_> {
                 _ = &mut check => {
                     let deadline = last_activity + grace;
                     if Instant::now() >= deadline {
-                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
-                        a.ctl.close(ReasonCode::KeepAliveTimeout);
+                        let detail = format!("nothing received for {} ms (keep alive {} s)", grace.as_millis(), a.keep_alive);
+                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {detail}");
+                        a.ctl.close_because(ReasonCode::KeepAliveTimeout, detail);
                         return Ending::WithWill;
                     }
                     check.as_mut().reset(tokio::time::Instant::from_std(deadline));
@@ -242,11 +239,12 @@ impl Connection<'_> {
     /// Sends the closing DISCONNECT (v5, when the broker closes with an error reason) after
     /// whatever was already encoded, then shuts the stream down; bounded to one second.
     async fn close<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
-        let reason = self.a.ctl.reason();
+        let (reason, detail) = self.a.ctl.reason_with_detail();
         if !reason.is_error() {
             self.out.clear();
         } else if self.version.is_v5() {
-            let d = Disconnect { reason, properties: Properties::default() };
+            let properties = Properties { reason_string: Some(detail.as_ref().into()), ..Default::default() };
+            let d = Disconnect { reason, properties };
             let _ = encode(&Packet::Disconnect(d), self.version, &mut self.out);
         }
         let out = &self.out;

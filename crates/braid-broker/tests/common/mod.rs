@@ -292,23 +292,30 @@ impl TestClient {
     /// Expects the broker to close the connection, after at most one DISCONNECT; returns its
     /// reason. Any other packet, or no close within [`WAIT`], fails the test.
     pub async fn expect_closed(&mut self) -> Option<ReasonCode> {
-        let mut reason = None;
+        self.expect_closed_with().await.map(|d| d.reason)
+    }
+
+    /// Like [`TestClient::expect_closed`], returning the whole DISCONNECT.
+    pub async fn expect_closed_with(&mut self) -> Option<Disconnect> {
+        let mut disconnect = None;
         loop {
             match self.recv_within(WAIT).await {
-                Recv::Closed => return reason,
-                Recv::Packet(Packet::Disconnect(d)) if reason.is_none() => reason = Some(d.reason),
+                Recv::Closed => return disconnect,
+                Recv::Packet(Packet::Disconnect(d)) if disconnect.is_none() => disconnect = Some(d),
                 Recv::Packet(p) => panic!("{}: expected close, got {p:?}", self.name),
                 Recv::TimedOut => {
-                    panic!("{}: connection still open after {WAIT:?} (DISCONNECT: {reason:?})", self.name)
+                    panic!("{}: connection still open after {WAIT:?} (DISCONNECT: {disconnect:?})", self.name)
                 }
             }
         }
     }
 
-    /// Expects a v5 DISCONNECT with `reason`, then the close.
+    /// Expects a v5 DISCONNECT with `reason` and a Reason String saying why, then the close.
     pub async fn expect_disconnect(&mut self, reason: ReasonCode) {
-        let got = self.expect_closed().await;
-        assert_eq!(got, Some(reason), "{}: DISCONNECT reason", self.name);
+        let got = self.expect_closed_with().await;
+        assert_eq!(got.as_ref().map(|d| d.reason), Some(reason), "{}: DISCONNECT reason", self.name);
+        let why = got.and_then(|d| d.properties.reason_string);
+        assert!(why.is_some_and(|w| !w.is_empty()), "{}: DISCONNECT carries a Reason String", self.name);
     }
 
     /// Subscribes to one filter (packet id 1) and asserts the SUBACK grants `qos`.
