@@ -51,7 +51,7 @@ pub struct MqttConfig {
     pub max_keep_alive: u16,
     /// Seconds a new socket has to send CONNECT.
     pub connect_timeout_secs: u64,
-    /// Inbound QoS 1/2 publishes a client may have unacknowledged (v5 Receive Maximum).
+    /// Inbound QoS 2 publishes a client may have awaiting PUBREL (v5 Receive Maximum).
     pub receive_maximum: u16,
     /// Outbound unacknowledged QoS 1/2 deliveries per client (capped by the client's Receive Maximum).
     pub max_inflight: u16,
@@ -202,7 +202,7 @@ impl Config {
             let (key, value) = item
                 .split_once('=')
                 .ok_or_else(|| ConfigError(format!("--set {item:?}: expected section.key=value")))?;
-            figment = figment.merge(Serialized::default(key.trim(), parse_value(value.trim())));
+            figment = figment.merge(SetFlag(Serialized::default(key.trim(), parse_value(value.trim()))));
         }
         let config: Config = figment.extract().map_err(|e| ConfigError(describe(e)))?;
         config.validate()?;
@@ -242,12 +242,31 @@ fn parse_value(text: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(text.to_string()))
 }
 
+/// One `--set` override as a figment provider, so that errors name the flag as their source.
+struct SetFlag(Serialized<toml::Value>);
+
+impl figment::Provider for SetFlag {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("--set/--listen flag")
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        self.0.data()
+    }
+}
+
 /// Figment's errors, one line each, naming the key path.
 fn describe(err: figment::Error) -> String {
     err.into_iter()
         .map(|e| {
             let key = e.path.join(".");
-            let source = e.metadata.as_ref().map(|m| format!(" (from {})", m.name)).unwrap_or_default();
+            let source = match e.metadata.as_ref() {
+                Some(m) => match &m.source {
+                    Some(src) => format!(" (from {} {src})", m.name),
+                    None => format!(" (from {})", m.name),
+                },
+                None => String::new(),
+            };
             if key.is_empty() {
                 format!("{}{source}", e.kind)
             } else {

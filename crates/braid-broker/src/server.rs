@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::broker::Broker;
@@ -44,6 +45,7 @@ impl Server {
         info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
         tokio::spawn(sys::run(self.broker.clone()));
         let shutdown = self.broker.shutdown.clone();
+        let connections = TaskTracker::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -51,7 +53,7 @@ impl Server {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
                         let (rd, wr) = stream.into_split();
-                        tokio::spawn(connection::serve(self.broker.clone(), rd, wr, peer));
+                        connections.spawn(connection::serve(self.broker.clone(), rd, wr, peer));
                     }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -61,8 +63,9 @@ impl Server {
                 },
             }
         }
-        info!("shutting down");
-        // Give writers a moment to send their DISCONNECT.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        info!(connections = connections.len(), "shutting down");
+        // Every connection sends its DISCONNECT and closes, each within a bounded time.
+        connections.close();
+        let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;
     }
 }

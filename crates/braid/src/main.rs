@@ -1,5 +1,6 @@
 //! `braid`: the MQTT broker (`serve`), and later the client and benchmark tools.
 
+use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,7 +45,14 @@ fn main() -> ExitCode {
 fn serve(args: ServeArgs) -> ExitCode {
     let mut overrides = args.set;
     if let Some(listen) = args.listen {
-        overrides.push(format!("listeners.tcp=\"{listen}\""));
+        // Host names are resolved here; the config file takes numeric addresses.
+        match listen.to_socket_addrs().map(|mut a| a.next()) {
+            Ok(Some(addr)) => overrides.push(format!("listeners.tcp=\"{addr}\"")),
+            _ => {
+                eprintln!("braid: invalid configuration: --listen {listen:?}: not a HOST:PORT address");
+                return ExitCode::from(2);
+            }
+        }
     }
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
@@ -53,7 +61,17 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = EnvFilter::try_from_env("BRAID_LOG").unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let filter = match std::env::var("BRAID_LOG") {
+        Ok(level) => EnvFilter::try_new(&level).map_err(|e| format!("BRAID_LOG: {e}")),
+        Err(_) => EnvFilter::try_new(&config.log.level).map_err(|e| format!("log.level: {e}")),
+    };
+    let filter = match filter {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("braid: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
