@@ -32,7 +32,7 @@ pub struct Broker {
     pub metrics: Metrics,
     /// When the broker started.
     pub started: Instant,
-    /// Cancelled at shutdown; every connection's control is a child of it.
+    /// Cancelled at shutdown: stops the listeners, timers and `$SYS`.
     pub shutdown: CancellationToken,
     sessions: Mutex<HashMap<ByteString, Arc<Session>>>,
     router: RwLock<Router>,
@@ -51,8 +51,6 @@ pub struct Accepted {
     pub ctl: Arc<ConnControl>,
     /// Keep alive in force, seconds (0 = none).
     pub keep_alive: u16,
-    /// The CONNACK to send first.
-    pub connack: ConnAck,
 }
 
 /// How a connection ended, for will and session handling.
@@ -92,9 +90,9 @@ impl Broker {
     }
 
     /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
-    /// (closing a connection that holds it) and attaches this connection. `Err` carries the
-    /// CONNACK reason to refuse with.
-    pub fn connect(self: &Arc<Self>, c: &Connect) -> Result<Accepted, ReasonCode> {
+    /// (closing a connection that holds it) and attaches this connection; returns it with the
+    /// CONNACK to send first. `Err` carries the CONNACK reason to refuse with.
+    pub fn connect(self: &Arc<Self>, c: &Connect) -> Result<(Accepted, ConnAck), ReasonCode> {
         let cfg = &self.config;
         let v5 = c.protocol.is_v5();
         let mut props = Properties::default();
@@ -171,7 +169,7 @@ impl Broker {
             self.take_over(&old, discard);
         }
 
-        let ctl = Arc::new(ConnControl::new(&self.shutdown));
+        let ctl = Arc::new(ConnControl::new());
         let window = if v5 { c.properties.receive_maximum.unwrap_or(u16::MAX) } else { u16::MAX };
         let alias_max = match (v5, cfg.mqtt.server_topic_aliases) {
             (true, true) => c.properties.topic_alias_maximum.unwrap_or(0),
@@ -187,8 +185,12 @@ impl Broker {
             st.attach(link)
         };
         self.metrics.client_connected();
+        if self.shutdown.is_cancelled() {
+            // Attached after close_all() swept the sessions: close it here instead.
+            ctl.close(ReasonCode::ServerShuttingDown);
+        }
         let connack = ConnAck { session_present, reason: ReasonCode::Success, properties: props };
-        Ok(Accepted { session, generation, ctl, keep_alive, connack })
+        Ok((Accepted { session, generation, ctl, keep_alive }, connack))
     }
 
     /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
@@ -401,6 +403,17 @@ impl Broker {
             payload: will.payload,
         };
         self.publish(Message::from_publish(p, Instant::now(), session.id, session.client_id.clone()));
+    }
+
+    /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was
+    /// cancelled, so connections attaching later close themselves).
+    pub fn close_all(&self, reason: ReasonCode) {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        for s in sessions {
+            if let Some(link) = &s.lock().link {
+                link.ctl.close(reason);
+            }
+        }
     }
 
     /// Removes expired retained messages.

@@ -3,8 +3,10 @@
 
 use std::borrow::Cow;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
 
 use braid_proto::ReasonCode;
 
@@ -14,16 +16,17 @@ pub type CloseReason = (ReasonCode, Cow<'static, str>);
 
 /// Close signal of one connection. The first reason given wins; the connection sends it in a v5
 /// DISCONNECT before closing the socket.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ConnControl {
-    token: CancellationToken,
+    closed: AtomicBool,
+    notify: Notify,
     reason: Mutex<Option<CloseReason>>,
 }
 
 impl ConnControl {
-    /// A control that is also cancelled when `parent` (the server's shutdown token) is.
-    pub fn new(parent: &CancellationToken) -> ConnControl {
-        ConnControl { token: parent.child_token(), reason: Mutex::new(None) }
+    /// A control for a new connection.
+    pub fn new() -> ConnControl {
+        ConnControl::default()
     }
 
     /// Asks the connection to close with `reason`, explained by the code's own description.
@@ -34,17 +37,26 @@ impl ConnControl {
     /// Asks the connection to close with `reason`, explained by `detail`.
     pub fn close_because(&self, reason: ReasonCode, detail: impl Into<Cow<'static, str>>) {
         self.reason.lock().get_or_insert_with(|| (reason, detail.into()));
-        self.token.cancel();
+        self.closed.store(true, Ordering::Release);
+        self.notify.notify_waiters();
     }
 
     /// Resolves once a close was asked for.
     pub async fn closed(&self) {
-        self.token.cancelled().await
+        loop {
+            // A `Notified` sees every notify_waiters() from its creation on, so checking the
+            // flag after creating it cannot miss a close.
+            let notified = self.notify.notified();
+            if self.is_closed() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// True once a close was asked for.
     pub fn is_closed(&self) -> bool {
-        self.token.is_cancelled()
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Why the connection closes (server shutdown when no one said).

@@ -9,6 +9,8 @@ use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use braid_proto::ReasonCode;
+
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::{connection, sys};
@@ -64,6 +66,7 @@ impl Server {
             }
         }
         info!(connections = connections.len(), "shutting down");
+        self.broker.close_all(ReasonCode::ServerShuttingDown);
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;

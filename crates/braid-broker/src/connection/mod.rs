@@ -58,7 +58,7 @@ where
         Ok(Ok(c)) => c,
     };
     let version = connect.protocol;
-    let accepted = match broker.connect(&connect) {
+    let (accepted, connack) = match broker.connect(&connect) {
         Ok(a) => a,
         Err(reason) => {
             info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {}", reason.description());
@@ -67,9 +67,11 @@ where
         }
     };
     drop(connect);
-    let client_id = accepted.session.client_id.clone();
+    let client_id = &accepted.session.client_id;
     debug!(%peer, %client_id, ?version, "client connected");
-    let mut conn = Connection { broker: &broker, a: &accepted, version, peer, out: BytesMut::new() };
+    let mut out = BytesMut::new();
+    let _ = encode(&Packet::ConnAck(connack), version, &mut out);
+    let mut conn = Connection { broker: &broker, a: &accepted, version, peer, out, written: 0 };
     let ending = conn.run(&mut rd, &mut wr, rbuf).await;
     conn.close(&mut wr).await;
     debug!(%peer, %client_id, ?ending, "client disconnected");
@@ -124,8 +126,9 @@ struct Connection<'a> {
     a: &'a Accepted,
     version: ProtocolVersion,
     peer: SocketAddr,
-    /// Encoded bytes not yet written.
+    /// Encoded bytes; those before `written` are on the wire already.
     out: BytesMut,
+    written: usize,
 }
 
 impl Connection<'_> {
@@ -136,7 +139,6 @@ impl Connection<'_> {
         W: AsyncWrite + Unpin,
     {
         let (broker, a) = (self.broker, self.a);
-        let _ = encode(&Packet::ConnAck(a.connack.clone()), self.version, &mut self.out);
         let mut inbound = Inbound::new(broker, &a.session, self.version);
         let max = broker.config.mqtt.max_packet_size;
         // Keep alive counts every byte that arrives, so a large packet still arriving over a
@@ -183,12 +185,16 @@ impl Connection<'_> {
                         _ => Ending::WithWill,
                     };
                 }
-                written = wr.write(&self.out), if !self.out.is_empty() => match written {
+                written = wr.write(&self.out[self.written..]), if !self.out.is_empty() => match written {
                     Ok(n) if n > 0 => {
-                        let _ = self.out.split_to(n);
                         Metrics::add(&broker.metrics.bytes_sent, n as u64);
-                        if self.out.is_empty() && self.out.capacity() > KEEP_WRITE_CAPACITY {
-                            self.out = BytesMut::new();
+                        self.written += n;
+                        if self.written == self.out.len() {
+                            self.written = 0;
+                            self.out.clear();
+                            if self.out.capacity() > KEEP_WRITE_CAPACITY {
+                                self.out = BytesMut::new();
+                            }
                         }
                     }
                     _ => {
@@ -242,12 +248,13 @@ impl Connection<'_> {
         let (reason, detail) = self.a.ctl.reason_with_detail();
         if !reason.is_error() {
             self.out.clear();
+            self.written = 0;
         } else if self.version.is_v5() {
             let properties = Properties { reason_string: Some(detail.as_ref().into()), ..Default::default() };
             let d = Disconnect { reason, properties };
             let _ = encode(&Packet::Disconnect(d), self.version, &mut self.out);
         }
-        let out = &self.out;
+        let out = &self.out[self.written..];
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             if !out.is_empty() {
                 wr.write_all(out).await?;

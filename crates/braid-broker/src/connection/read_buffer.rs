@@ -5,7 +5,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use braid_proto::BytesMut;
 
-const MIN_READ: usize = 256;
+const MIN_READ: usize = 128;
 const MAX_READ: usize = 64 * 1024;
 
 /// A `BytesMut` plus the size of the next read.

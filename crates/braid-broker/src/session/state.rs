@@ -281,14 +281,13 @@ mod tests {
     use crate::config::OverflowPolicy;
     use crate::message::Message;
     use braid_proto::{decode, Bytes};
-    use tokio_util::sync::CancellationToken;
 
     fn limits(max: usize) -> QueueLimits {
         QueueLimits { max_messages: max, queue_qos0: false, overflow: OverflowPolicy::DropNewest }
     }
 
     fn link(version: ProtocolVersion, window: usize, alias_max: u16) -> Link {
-        let ctl = Arc::new(ConnControl::new(&CancellationToken::new()));
+        let ctl = Arc::new(ConnControl::new());
         Link::new(version, window, u32::MAX, alias_max, ctl)
     }
 
