@@ -80,15 +80,6 @@ impl Broker {
         })
     }
 
-    fn queue_limits(&self) -> QueueLimits {
-        let s = &self.config.session;
-        QueueLimits {
-            max_messages: s.max_queued_messages,
-            queue_qos0: s.queue_qos0,
-            overflow: s.queue_overflow,
-        }
-    }
-
     /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
     /// (closing a connection that holds it) and attaches this connection; returns it with the
     /// CONNACK to send first. `Err` carries the CONNACK reason to refuse with.
@@ -159,7 +150,7 @@ impl Broker {
                 Some(s) if !c.clean_start => (s.clone(), true, Some((s, false))),
                 existing => {
                     let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-                    let s = Arc::new(Session::new(id, client_id.clone(), self.queue_limits()));
+                    let s = Arc::new(Session::new(id, client_id.clone(), QueueLimits::from_config(&self.config.session)));
                     sessions.insert(client_id.clone(), s.clone());
                     (s, false, existing.map(|old| (old, true)))
                 }
@@ -206,6 +197,7 @@ impl Broker {
             }
             st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
         };
+        old.release_publishers();
         if let Some(will) = will {
             self.publish_will(old, will);
         }
@@ -249,7 +241,7 @@ impl Broker {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                self.deliver(session, Delivery { msg, qos, retain: true, sub_id });
+                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id });
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
@@ -284,8 +276,10 @@ impl Broker {
         UnsubAck { packet_id: unsub.packet_id, properties: Properties::default(), reasons }
     }
 
-    /// Stores (if retained) and routes a message to every matching subscription.
-    pub fn publish(&self, msg: Arc<Message>) {
+    /// Stores (if retained) and routes a message to every matching subscription. Returns the
+    /// sessions that took it beyond their queue limit (backpressure): the publisher's
+    /// acknowledgement waits until each has drained ([`Session::wait_for_space`]).
+    pub fn publish(&self, msg: Arc<Message>) -> Vec<Arc<Session>> {
         if msg.retain {
             self.retained.write().set(msg.clone());
         }
@@ -295,6 +289,7 @@ impl Broker {
         if targets.len() > 1 && targets.iter().any(|e| e.merge_overlaps) {
             merge_overlaps(&mut targets);
         }
+        let mut held = Vec::new();
         for e in targets {
             let d = Delivery {
                 msg: msg.clone(),
@@ -302,14 +297,20 @@ impl Broker {
                 retain: msg.retain && e.options.retain_as_published,
                 sub_id: e.sub_id,
             };
-            self.deliver(&e.session, d);
+            // A client is never held back by its own subscription.
+            if self.deliver(&e.session, d) == Enqueued::QueuedOverLimit && e.session.id != msg.origin {
+                held.push(e.session.clone());
+            }
         }
+        held
     }
 
-    fn deliver(&self, session: &Session, d: Delivery) {
-        if matches!(session.deliver(d), Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
+    fn deliver(&self, session: &Session, d: Delivery) -> Enqueued {
+        let r = session.deliver(d);
+        if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
             Metrics::add(&self.metrics.messages_dropped, 1);
         }
+        r
     }
 
     /// A connection of `session` ended. Sends or schedules the will and ends or schedules the
@@ -323,6 +324,7 @@ impl Broker {
             let will = st.will.take().filter(|_| ending == Ending::WithWill);
             (will, st.expiry_secs)
         };
+        session.release_publishers();
         self.metrics.client_disconnected();
         if let Some(will) = will {
             let delay = will.properties.will_delay_interval.unwrap_or(0).min(expiry);
@@ -402,7 +404,7 @@ impl Broker {
             properties,
             payload: will.payload,
         };
-        self.publish(Message::from_publish(p, Instant::now(), session.id, session.client_id.clone()));
+        let _ = self.publish(Message::from_publish(p, Instant::now(), session.id, session.client_id.clone()));
     }
 
     /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was

@@ -84,10 +84,13 @@ impl Default for MqttConfig {
     }
 }
 
-/// What to drop when a session's queue is full.
+/// What to do with a delivery for a session whose queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OverflowPolicy {
+    /// Queue it anyway and stop reading from the publisher, holding its PUBACK/PUBREC, until
+    /// the queue drains (QoS 1/2 to a connected client only; otherwise like `DropNewest`).
+    Backpressure,
     /// Keep the queue, drop the message that does not fit.
     DropNewest,
     /// Drop the oldest queued message to make room.
@@ -100,10 +103,17 @@ pub enum OverflowPolicy {
 pub struct SessionConfig {
     /// Messages queued per session beyond the in-flight window (offline or slow clients).
     pub max_queued_messages: usize,
+    /// Bytes (topic plus payload) queued per session.
+    pub max_queued_bytes: usize,
     /// Also queue QoS 0 messages for offline sessions.
     pub queue_qos0: bool,
-    /// What to drop when the queue is full; drops are counted.
+    /// What to do with a QoS 1/2 delivery when the queue is full; drops are counted.
     pub queue_overflow: OverflowPolicy,
+    /// What to do with a QoS 0 delivery when the queue is full; drops are counted.
+    pub queue_overflow_qos0: OverflowPolicy,
+    /// Seconds a publisher may be held by a connected subscriber's full queue before that
+    /// subscriber is disconnected (0x97) so the others can go on; 0 never disconnects.
+    pub slow_consumer_timeout_secs: u64,
     /// Upper bound on the Session Expiry Interval a client may ask for (seconds).
     pub max_session_expiry_secs: u32,
 }
@@ -112,8 +122,11 @@ impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
             max_queued_messages: 1000,
+            max_queued_bytes: 16 * 1024 * 1024,
             queue_qos0: false,
-            queue_overflow: OverflowPolicy::DropNewest,
+            queue_overflow: OverflowPolicy::Backpressure,
+            queue_overflow_qos0: OverflowPolicy::DropNewest,
+            slow_consumer_timeout_secs: 60,
             max_session_expiry_secs: u32::MAX,
         }
     }
@@ -225,6 +238,12 @@ impl Config {
         }
         if self.mqtt.connect_timeout_secs == 0 {
             return bad("mqtt.connect_timeout_secs", "must be at least 1");
+        }
+        if self.session.queue_overflow_qos0 == OverflowPolicy::Backpressure {
+            return bad("session.queue_overflow_qos0", "must be drop_newest or drop_oldest (backpressure is for QoS 1/2)");
+        }
+        if self.session.max_queued_messages == 0 || self.session.max_queued_bytes == 0 {
+            return bad("session.max_queued_messages", "queue limits must be at least 1");
         }
         if self.mqtt.max_keep_alive == 0 {
             return bad("mqtt.max_keep_alive", "must be at least 1");

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub bytes_sent: AtomicU64,
     /// Deliveries dropped: queue full, expired, or too large for the client.
     pub messages_dropped: AtomicU64,
+    /// Publishes whose acknowledgement was held back by a full subscriber queue.
+    pub publishes_held: AtomicU64,
 }
 
 impl Metrics {

@@ -27,7 +27,7 @@ pub async fn run(broker: Arc<Broker>) {
 }
 
 fn publish(broker: &Broker, topic: &'static str, value: String) {
-    broker.publish(Message::internal(ByteString::from_static(topic), Bytes::from(value), true));
+    let _ = broker.publish(Message::internal(ByteString::from_static(topic), Bytes::from(value), true));
 }
 
 fn publish_all(broker: &Broker) {
@@ -44,6 +44,7 @@ fn publish_all(broker: &Broker) {
         ("$SYS/broker/messages/received", Metrics::get(&m.messages_received).to_string()),
         ("$SYS/broker/messages/sent", Metrics::get(&m.messages_sent).to_string()),
         ("$SYS/broker/publish/messages/dropped", Metrics::get(&m.messages_dropped).to_string()),
+        ("$SYS/broker/publish/messages/held", Metrics::get(&m.publishes_held).to_string()),
         ("$SYS/broker/bytes/received", Metrics::get(&m.bytes_received).to_string()),
         ("$SYS/broker/bytes/sent", Metrics::get(&m.bytes_sent).to_string()),
         ("$SYS/broker/subscriptions/count", subscriptions.to_string()),

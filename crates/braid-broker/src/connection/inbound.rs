@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use braid_proto::{
     encode, Ack, ByteString, BytesMut, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode,
@@ -34,12 +34,14 @@ pub struct Inbound<'a> {
     aliases: HashMap<u16, ByteString>,
     /// An ack freed in-flight room or a subscription queued retained messages.
     transmit: bool,
+    /// The acknowledgement of the last PUBLISH, while full subscriber queues hold it back.
+    held: Option<Held>,
 }
 
 impl<'a> Inbound<'a> {
     /// State for a connection that has just been accepted.
     pub fn new(broker: &'a Arc<Broker>, session: &'a Arc<Session>, version: ProtocolVersion) -> Self {
-        Inbound { broker, session, version, aliases: HashMap::new(), transmit: false }
+        Inbound { broker, session, version, aliases: HashMap::new(), transmit: false, held: None }
     }
 
     /// True (once) if the session may have deliveries to send since the last call.
@@ -92,7 +94,8 @@ impl<'a> Inbound<'a> {
         Flow::Continue
     }
 
-    fn reply(&self, p: &Packet, out: &mut BytesMut) {
+    /// Encodes a reply to the client into `out`.
+    pub fn reply(&self, p: &Packet, out: &mut BytesMut) {
         // Replies are well-formed packets of this connection's version; encoding cannot fail.
         let _ = encode(p, self.version, out);
     }
@@ -151,14 +154,13 @@ impl<'a> Inbound<'a> {
             }
             return Flow::Continue;
         }
-        let msg =
-            || Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
-        match qos {
-            QoS::AtMostOnce => self.broker.publish(msg()),
-            QoS::AtLeastOnce => {
-                self.broker.publish(msg());
-                self.reply(&Packet::PubAck(Ack::new(id)), out);
+        let msg = Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
+        let ack = match qos {
+            QoS::AtMostOnce => {
+                let _ = self.broker.publish(msg);
+                return Flow::Continue;
             }
+            QoS::AtLeastOnce => Packet::PubAck(Ack::new(id)),
             QoS::ExactlyOnce => {
                 let first = {
                     let mut st = self.session.lock();
@@ -173,15 +175,62 @@ impl<'a> Inbound<'a> {
                         st.incoming_qos2.insert(id)
                     }
                 };
+                let ack = Packet::PubRec(Ack::new(id));
                 // A PUBLISH resent before PUBREL is acknowledged again but not delivered twice.
-                if first {
-                    self.broker.publish(msg());
+                if !first {
+                    self.reply(&ack, out);
+                    return Flow::Continue;
                 }
-                self.reply(&Packet::PubRec(Ack::new(id)), out);
+                ack
             }
+        };
+        let held = self.broker.publish(msg);
+        if held.is_empty() {
+            self.reply(&ack, out);
+        } else {
+            Metrics::add(&self.broker.metrics.publishes_held, 1);
+            self.held = Some(Held { ack, sessions: held, since: Instant::now() });
         }
         Flow::Continue
     }
+
+    /// True while an acknowledgement is held back by full subscriber queues: the connection
+    /// reads nothing more from this client until [`Inbound::release_held`] returns.
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Waits until every subscriber queue that held the acknowledgement has drained (or its
+    /// client went away), then returns the acknowledgement to send. A subscriber that holds it
+    /// past `session.slow_consumer_timeout_secs` is disconnected. Cancel-safe; never resolves
+    /// when nothing is held.
+    pub async fn release_held(&mut self) -> Packet {
+        let timeout = self.broker.config.session.slow_consumer_timeout_secs;
+        let Some(held) = self.held.as_mut() else { return std::future::pending().await };
+        while let Some(s) = held.sessions.last() {
+            if timeout == 0 {
+                s.wait_for_space().await;
+            } else {
+                let deadline = held.since + Duration::from_secs(timeout);
+                if tokio::time::timeout_at(deadline.into(), s.wait_for_space()).await.is_err() {
+                    s.evict_slow_consumer(timeout);
+                    s.wait_for_space().await;
+                }
+            }
+            held.sessions.pop();
+        }
+        match self.held.take() {
+            Some(h) => h.ack,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// An acknowledgement waiting for subscriber queues to drain.
+struct Held {
+    ack: Packet,
+    sessions: Vec<Arc<Session>>,
+    since: Instant,
 }
 
 /// True for `$SYS` and everything below it.

@@ -152,6 +152,9 @@ impl Connection<'_> {
         let mut transmit = true;
         loop {
             let flow = loop {
+                if inbound.is_held() {
+                    break Flow::Continue;
+                }
                 match decode(rbuf.bytes(), self.version, max) {
                     Ok(Some(p)) => match inbound.handle(p, &mut self.out) {
                         Flow::Continue => continue,
@@ -177,6 +180,9 @@ impl Connection<'_> {
             if transmit && self.out.len() < WRITE_BUDGET {
                 transmit = self.poll_transmit();
             }
+            // While an acknowledgement is held by full subscriber queues, nothing more is read
+            // from this client (backpressure), and its silence is not a keep-alive failure.
+            let held = inbound.is_held();
             tokio::select! {
                 biased;
                 _ = a.ctl.closed() => {
@@ -202,7 +208,11 @@ impl Connection<'_> {
                         return Ending::WithWill;
                     }
                 },
-                read = rbuf.read_from(rd) => match read {
+                ack = inbound.release_held(), if held => {
+                    inbound.reply(&ack, &mut self.out);
+                    last_activity = Instant::now();
+                }
+                read = rbuf.read_from(rd), if !held => match read {
                     Ok(0) | Err(_) => {
                         a.ctl.close(ReasonCode::Success);
                         return Ending::WithWill;
@@ -214,6 +224,9 @@ impl Connection<'_> {
                 },
                 _ = a.session.woken(), if self.out.is_empty() => transmit = true,
                 _ = &mut check => {
+                    if held {
+                        last_activity = Instant::now();
+                    }
                     let deadline = last_activity + grace;
                     if Instant::now() >= deadline {
                         let detail = format!("nothing received for {} ms (keep alive {} s)", grace.as_millis(), a.keep_alive);
@@ -234,8 +247,13 @@ impl Connection<'_> {
             if !st.is_attached(self.a.generation) {
                 return false;
             }
-            st.poll_transmit(Instant::now(), &mut self.out, WRITE_BUDGET)
+            let t = st.poll_transmit(Instant::now(), &mut self.out, WRITE_BUDGET);
+            (t, st.take_drained())
         };
+        let (t, drained) = t;
+        if drained {
+            self.a.session.release_publishers();
+        }
         let m = &self.broker.metrics;
         Metrics::add(&m.messages_sent, t.published);
         Metrics::add(&m.messages_dropped, t.dropped);

@@ -76,13 +76,13 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::OverflowPolicy;
+    use crate::config::SessionConfig;
     use crate::session::QueueLimits;
     use braid_proto::{ByteString, Bytes};
 
     fn session(id: u64) -> Arc<Session> {
         let limits =
-            QueueLimits { max_messages: 10, queue_qos0: false, overflow: OverflowPolicy::DropNewest };
+            QueueLimits::from_config(&SessionConfig { max_queued_messages: 10, ..Default::default() });
         Arc::new(Session::new(id, ByteString::from(format!("c{id}")), limits))
     }
 

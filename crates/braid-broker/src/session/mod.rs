@@ -27,12 +27,19 @@ pub struct Session {
     pub client_id: ByteString,
     state: Mutex<SessionState>,
     wake: Notify,
+    space: Notify,
 }
 
 impl Session {
     /// A new offline session.
     pub fn new(id: u64, client_id: ByteString, limits: QueueLimits) -> Session {
-        Session { id, client_id, state: Mutex::new(SessionState::new(limits)), wake: Notify::new() }
+        Session {
+            id,
+            client_id,
+            state: Mutex::new(SessionState::new(limits)),
+            wake: Notify::new(),
+            space: Notify::new(),
+        }
     }
 
     /// Locks the state.
@@ -56,9 +63,37 @@ impl Session {
         let r = st.enqueue(d);
         let online = st.is_online();
         drop(st);
-        if online && matches!(r, Enqueued::Queued | Enqueued::QueuedDroppedOldest) {
+        if online && matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest) {
             self.wake.notify_one();
         }
         r
+    }
+
+    /// Waits until this session no longer holds publishers back: its queue drained, or its
+    /// client went away.
+    pub async fn wait_for_space(&self) {
+        loop {
+            // A `Notified` sees every notify_waiters() from its creation on.
+            let notified = self.space.notified();
+            if !self.lock().blocks_publishers() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Wakes the publishers waiting in [`Session::wait_for_space`] to look again.
+    pub fn release_publishers(&self) {
+        self.space.notify_waiters();
+    }
+
+    /// Disconnects the attached client (0x97 Quota exceeded) if its queue still holds
+    /// publishers back: it has not drained for `waited` seconds.
+    pub fn evict_slow_consumer(&self, waited: u64) {
+        let st = self.lock();
+        if let (true, Some(link)) = (st.blocks_publishers_now(), &st.link) {
+            let detail = format!("slow consumer: queue full for {waited} s");
+            link.ctl.close_because(braid_proto::ReasonCode::QuotaExceeded, detail);
+        }
     }
 }

@@ -1,11 +1,11 @@
 //! The bounded per-session queue of deliveries waiting for the in-flight window or for the
-//! client to come back.
+//! client to come back, bounded in messages and in bytes.
 
 use std::collections::VecDeque;
 
 use braid_proto::QoS;
 
-use crate::config::OverflowPolicy;
+use crate::config::{OverflowPolicy, SessionConfig};
 use crate::message::Delivery;
 
 /// Limits of one session's queue.
@@ -13,10 +13,27 @@ use crate::message::Delivery;
 pub struct QueueLimits {
     /// Maximum queued deliveries.
     pub max_messages: usize,
+    /// Maximum queued bytes (topic plus payload of each delivery).
+    pub max_bytes: usize,
     /// Queue QoS 0 messages while the client is offline.
     pub queue_qos0: bool,
-    /// What to drop when full.
+    /// What to do with a QoS 1/2 delivery when full.
     pub overflow: OverflowPolicy,
+    /// What to do with a QoS 0 delivery when full (never `Backpressure`).
+    pub overflow_qos0: OverflowPolicy,
+}
+
+impl QueueLimits {
+    /// The limits `[session]` configures.
+    pub fn from_config(s: &SessionConfig) -> QueueLimits {
+        QueueLimits {
+            max_messages: s.max_queued_messages,
+            max_bytes: s.max_queued_bytes,
+            queue_qos0: s.queue_qos0,
+            overflow: s.queue_overflow,
+            overflow_qos0: s.queue_overflow_qos0,
+        }
+    }
 }
 
 /// What happened to a delivery offered to a queue.
@@ -24,6 +41,8 @@ pub struct QueueLimits {
 pub enum Enqueued {
     /// Queued.
     Queued,
+    /// Queued beyond the limit: the publisher must wait until the queue drains (backpressure).
+    QueuedOverLimit,
     /// Queued, and the oldest queued delivery was dropped to make room.
     QueuedDroppedOldest,
     /// Not queued: the queue is full.
@@ -32,42 +51,68 @@ pub enum Enqueued {
     SkippedOffline,
 }
 
-/// A FIFO of deliveries with a length bound and an overflow policy.
+/// A FIFO of deliveries with length and byte bounds and an overflow policy.
 #[derive(Debug)]
 pub struct Queue {
     items: VecDeque<Delivery>,
+    bytes: usize,
     limits: QueueLimits,
+}
+
+fn size(d: &Delivery) -> usize {
+    d.msg.topic.len() + d.msg.payload.len()
 }
 
 impl Queue {
     /// An empty queue.
     pub fn new(limits: QueueLimits) -> Queue {
-        Queue { items: VecDeque::new(), limits }
+        Queue { items: VecDeque::new(), bytes: 0, limits }
     }
 
-    /// Offers a delivery; `online` tells whether a client is connected.
+    /// Offers a delivery; `online` tells whether a client is connected. Backpressure needs a
+    /// client that drains the queue, so an offline session drops the newest instead.
     pub fn push(&mut self, d: Delivery, online: bool) -> Enqueued {
-        if !online && d.qos == QoS::AtMostOnce && !self.limits.queue_qos0 {
+        let qos0 = d.qos == QoS::AtMostOnce;
+        if !online && qos0 && !self.limits.queue_qos0 {
             return Enqueued::SkippedOffline;
         }
-        if self.items.len() < self.limits.max_messages {
-            self.items.push_back(d);
+        if !self.is_full() {
+            self.push_back(d);
             return Enqueued::Queued;
         }
-        match self.limits.overflow {
-            OverflowPolicy::DropNewest => Enqueued::DroppedFull,
-            OverflowPolicy::DropOldest if self.limits.max_messages == 0 => Enqueued::DroppedFull,
-            OverflowPolicy::DropOldest => {
-                self.items.pop_front();
-                self.items.push_back(d);
-                Enqueued::QueuedDroppedOldest
+        let policy = if qos0 { self.limits.overflow_qos0 } else { self.limits.overflow };
+        match policy {
+            OverflowPolicy::Backpressure if online => {
+                self.push_back(d);
+                Enqueued::QueuedOverLimit
             }
+            OverflowPolicy::Backpressure | OverflowPolicy::DropNewest => Enqueued::DroppedFull,
+            OverflowPolicy::DropOldest => match self.pop() {
+                Some(_) => {
+                    self.push_back(d);
+                    Enqueued::QueuedDroppedOldest
+                }
+                None => Enqueued::DroppedFull,
+            },
         }
     }
 
-    /// True when another push would overflow.
+    fn push_back(&mut self, d: Delivery) {
+        self.bytes += size(&d);
+        self.items.push_back(d);
+    }
+
+    /// True when the queue is at or over either limit.
     pub fn is_full(&self) -> bool {
-        self.items.len() >= self.limits.max_messages
+        self.items.len() >= self.limits.max_messages || self.bytes >= self.limits.max_bytes
+    }
+
+    /// True once the queue has drained to three quarters of both limits: publishers held by
+    /// backpressure may go on (the gap keeps them from being woken for every single message).
+    pub fn is_drained(&self) -> bool {
+        let low = |max: usize| max - max / 4;
+        self.items.len() < low(self.limits.max_messages).max(1)
+            && self.bytes < low(self.limits.max_bytes).max(1)
     }
 
     /// The oldest delivery, if any.
@@ -77,7 +122,9 @@ impl Queue {
 
     /// Removes the oldest delivery.
     pub fn pop(&mut self) -> Option<Delivery> {
-        self.items.pop_front()
+        let d = self.items.pop_front()?;
+        self.bytes -= size(&d);
+        Some(d)
     }
 
     /// Number of queued deliveries.
@@ -95,7 +142,73 @@ impl Queue {
         let before = self.items.len();
         if !self.limits.queue_qos0 {
             self.items.retain(|d| d.qos != QoS::AtMostOnce);
+            self.bytes = self.items.iter().map(size).sum();
         }
         before - self.items.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Message;
+    use braid_proto::{ByteString, Bytes};
+
+    fn limits(overflow: OverflowPolicy) -> QueueLimits {
+        let config =
+            SessionConfig { max_queued_messages: 4, max_queued_bytes: 1000, queue_overflow: overflow, ..Default::default() };
+        QueueLimits::from_config(&config)
+    }
+
+    fn d(qos: QoS, payload: usize) -> Delivery {
+        let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
+        Delivery { msg, qos, retain: false, sub_id: None }
+    }
+
+    #[test]
+    fn backpressure_queues_over_the_limit_while_online_and_drops_while_offline() {
+        let mut q = Queue::new(limits(OverflowPolicy::Backpressure));
+        for _ in 0..4 {
+            assert_eq!(q.push(d(QoS::AtLeastOnce, 9), true), Enqueued::Queued);
+        }
+        assert_eq!(q.push(d(QoS::AtLeastOnce, 9), true), Enqueued::QueuedOverLimit);
+        assert_eq!(q.push(d(QoS::AtMostOnce, 9), true), Enqueued::DroppedFull, "QoS 0 never blocks");
+        assert_eq!(q.push(d(QoS::AtLeastOnce, 9), false), Enqueued::DroppedFull);
+        assert_eq!(q.len(), 5);
+    }
+
+    #[test]
+    fn byte_limit_counts_topic_and_payload() {
+        let mut q = Queue::new(limits(OverflowPolicy::DropNewest));
+        assert_eq!(q.push(d(QoS::AtLeastOnce, 998), true), Enqueued::Queued);
+        assert!(!q.is_full(), "999 of 1000 bytes");
+        assert_eq!(q.push(d(QoS::AtLeastOnce, 0), true), Enqueued::Queued);
+        assert!(q.is_full());
+        assert_eq!(q.push(d(QoS::AtLeastOnce, 0), true), Enqueued::DroppedFull);
+        q.pop();
+        assert!(!q.is_full());
+    }
+
+    #[test]
+    fn drained_has_hysteresis() {
+        let mut q = Queue::new(limits(OverflowPolicy::Backpressure));
+        for _ in 0..5 {
+            q.push(d(QoS::AtLeastOnce, 1), true);
+        }
+        q.pop();
+        q.pop();
+        assert!(!q.is_full() && !q.is_drained(), "3 of 4: room, but not drained to 3/4 yet");
+        q.pop();
+        assert!(q.is_drained());
+    }
+
+    #[test]
+    fn drop_oldest_makes_room() {
+        let mut q = Queue::new(limits(OverflowPolicy::DropOldest));
+        for i in 0..6 {
+            q.push(d(QoS::AtLeastOnce, i), false);
+        }
+        assert_eq!(q.len(), 4);
+        assert_eq!(q.front().unwrap().msg.payload.len(), 2);
     }
 }

@@ -90,6 +90,8 @@ pub struct SessionState {
     pub generation: u64,
     /// Deliveries this session has dropped (queue full, expired, too large).
     pub dropped: u64,
+    /// A publisher waits for this queue to drain (backpressure).
+    publishers_waiting: bool,
 }
 
 impl SessionState {
@@ -105,6 +107,7 @@ impl SessionState {
             will: None,
             generation: 0,
             dropped: 0,
+            publishers_waiting: false,
         }
     }
 
@@ -147,6 +150,25 @@ impl SessionState {
             self.dropped += 1;
         }
         r
+    }
+
+    /// True while a connected client's full queue holds publishers back (backpressure).
+    pub fn blocks_publishers_now(&self) -> bool {
+        self.is_online() && self.queue.is_full()
+    }
+
+    /// [`SessionState::blocks_publishers_now`], remembering that a publisher now waits.
+    pub fn blocks_publishers(&mut self) -> bool {
+        let blocks = self.blocks_publishers_now();
+        self.publishers_waiting |= blocks;
+        blocks
+    }
+
+    /// True (once) when publishers wait and the queue has drained enough to let them go on.
+    pub fn take_drained(&mut self) -> bool {
+        let drained = self.publishers_waiting && self.queue.is_drained();
+        self.publishers_waiting &= !drained;
+        drained
     }
 
     /// True if the session can take a delivery now (used to pick a shared-subscription member).
@@ -278,12 +300,17 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::OverflowPolicy;
+    use crate::config::{OverflowPolicy, SessionConfig};
     use crate::message::Message;
     use braid_proto::{decode, Bytes};
 
     fn limits(max: usize) -> QueueLimits {
-        QueueLimits { max_messages: max, queue_qos0: false, overflow: OverflowPolicy::DropNewest }
+        let config = SessionConfig {
+            max_queued_messages: max,
+            queue_overflow: OverflowPolicy::DropNewest,
+            ..Default::default()
+        };
+        QueueLimits::from_config(&config)
     }
 
     fn link(version: ProtocolVersion, window: usize, alias_max: u16) -> Link {
