@@ -150,7 +150,11 @@ impl Broker {
                 Some(s) if !c.clean_start => (s.clone(), true, Some((s, false))),
                 existing => {
                     let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-                    let s = Arc::new(Session::new(id, client_id.clone(), QueueLimits::from_config(&self.config.session)));
+                    let s = Arc::new(Session::new(
+                        id,
+                        client_id.clone(),
+                        QueueLimits::from_config(&self.config.session),
+                    ));
                     sessions.insert(client_id.clone(), s.clone());
                     (s, false, existing.map(|old| (old, true)))
                 }

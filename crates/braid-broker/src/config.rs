@@ -240,7 +240,10 @@ impl Config {
             return bad("mqtt.connect_timeout_secs", "must be at least 1");
         }
         if self.session.queue_overflow_qos0 == OverflowPolicy::Backpressure {
-            return bad("session.queue_overflow_qos0", "must be drop_newest or drop_oldest (backpressure is for QoS 1/2)");
+            return bad(
+                "session.queue_overflow_qos0",
+                "must be drop_newest or drop_oldest (backpressure is for QoS 1/2)",
+            );
         }
         if self.session.max_queued_messages == 0 || self.session.max_queued_bytes == 0 {
             return bad("session.max_queued_messages", "queue limits must be at least 1");

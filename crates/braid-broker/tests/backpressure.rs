@@ -23,7 +23,10 @@ async fn subscriber(addr: std::net::SocketAddr, id: &str, filter: &str, receive_
 async fn publish_batch(addr: std::net::SocketAddr, id: String, topic: String, n: u16) {
     let (mut c, _) = TestClient::connect_ok(addr, V5, connect_packet(&id, true)).await;
     for i in 1..=n {
-        c.queue(Packet::Publish(Publish { packet_id: i, ..publish(&topic, QoS::AtLeastOnce, format!("{id}:{i}")) }));
+        c.queue(Packet::Publish(Publish {
+            packet_id: i,
+            ..publish(&topic, QoS::AtLeastOnce, format!("{id}:{i}"))
+        }));
     }
     c.flush().await;
     for i in 1..=n {
@@ -40,8 +43,9 @@ async fn fan_in_overload_holds_publishers_and_loses_nothing_acknowledged() {
     config.session.max_queued_messages = 20;
     let b = start(config).await;
     let mut sub = subscriber(b.addr, "bp-sub", "bp/#", 10).await;
-    let publishers: Vec<_> =
-        (0..20).map(|n| tokio::spawn(publish_batch(b.addr, format!("bp-pub-{n}"), format!("bp/{n}"), 50))).collect();
+    let publishers: Vec<_> = (0..20)
+        .map(|n| tokio::spawn(publish_batch(b.addr, format!("bp-pub-{n}"), format!("bp/{n}"), 50)))
+        .collect();
 
     // A slow consumer: about a millisecond per message.
     let mut seen = HashSet::new();
@@ -56,7 +60,10 @@ async fn fan_in_overload_holds_publishers_and_loses_nothing_acknowledged() {
     }
     sub.expect_nothing(QUIET).await;
     assert_eq!(b.dropped(), 0, "backpressure drops nothing");
-    assert!(b.broker.metrics.publishes_held.load(std::sync::atomic::Ordering::Relaxed) > 0, "publishers were held");
+    assert!(
+        b.broker.metrics.publishes_held.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "publishers were held"
+    );
 }
 
 /// A subscriber that takes one message and never acknowledges it, so everything else queues.

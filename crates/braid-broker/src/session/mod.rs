@@ -63,7 +63,8 @@ impl Session {
         let r = st.enqueue(d);
         let online = st.is_online();
         drop(st);
-        if online && matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest) {
+        if online && matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest)
+        {
             self.wake.notify_one();
         }
         r

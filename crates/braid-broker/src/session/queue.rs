@@ -155,8 +155,12 @@ mod tests {
     use braid_proto::{ByteString, Bytes};
 
     fn limits(overflow: OverflowPolicy) -> QueueLimits {
-        let config =
-            SessionConfig { max_queued_messages: 4, max_queued_bytes: 1000, queue_overflow: overflow, ..Default::default() };
+        let config = SessionConfig {
+            max_queued_messages: 4,
+            max_queued_bytes: 1000,
+            queue_overflow: overflow,
+            ..Default::default()
+        };
         QueueLimits::from_config(&config)
     }
 
