@@ -135,30 +135,30 @@ impl Trie {
     /// Calls `f` with every slot whose filter matches `topic`. Topics starting with `$` are not
     /// matched by a first level of `+` or `#`.
     pub fn matches<'a>(&'a self, topic: &str, f: &mut impl FnMut(&'a Slot)) {
-        let levels: Vec<&str> = topic.split('/').collect();
-        let wild_first = !topic.starts_with('$');
-        walk(&self.root, &levels, wild_first, f);
+        walk(&self.root, Some(topic), !topic.starts_with('$'), f);
     }
 }
 
-fn walk<'a>(node: &'a Node, levels: &[&str], wild: bool, f: &mut impl FnMut(&'a Slot)) {
+/// Matches the levels of `rest` (None once every level is consumed) below `node`.
+fn walk<'a>(node: &'a Node, rest: Option<&str>, wild: bool, f: &mut impl FnMut(&'a Slot)) {
     if wild && !node.multi.is_empty() {
         f(&node.multi);
     }
-    match levels.split_first() {
-        None => {
-            if !node.here.is_empty() {
-                f(&node.here)
-            }
+    let Some(rest) = rest else {
+        if !node.here.is_empty() {
+            f(&node.here)
         }
-        Some((level, rest)) => {
-            if let Some(child) = node.children.get(*level) {
-                walk(child, rest, true, f);
-            }
-            if let (true, Some(plus)) = (wild, &node.plus) {
-                walk(plus, rest, true, f);
-            }
-        }
+        return;
+    };
+    let (level, next) = match rest.split_once('/') {
+        Some((level, next)) => (level, Some(next)),
+        None => (rest, None),
+    };
+    if let Some(child) = node.children.get(level) {
+        walk(child, next, true, f);
+    }
+    if let (true, Some(plus)) = (wild, &node.plus) {
+        walk(plus, next, true, f);
     }
 }
 

@@ -255,8 +255,20 @@ pub fn encode(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) -> 
 /// the Remaining Length. Meant for checking a peer's Maximum Packet Size before encoding.
 /// For a packet that [`encode`] rejects, the value is meaningless (but computing it is safe).
 pub fn encoded_len(packet: &Packet, version: ProtocolVersion) -> usize {
-    let body_len = body(packet).body_len(version);
+    frame_len(body(packet).body_len(version))
+}
+
+/// Fixed header plus body.
+fn frame_len(body_len: usize) -> usize {
     1 + varint_len(body_len) + body_len
+}
+
+impl crate::Publish {
+    /// Bytes [`encode`] writes for this PUBLISH, fixed header included (what a receiver's
+    /// Maximum Packet Size is compared with), without wrapping it in a [`Packet`].
+    pub fn encoded_len(&self, version: ProtocolVersion) -> usize {
+        frame_len(self.body_len(version))
+    }
 }
 
 #[cfg(test)]
