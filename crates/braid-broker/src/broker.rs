@@ -116,7 +116,10 @@ impl Broker {
         }
 
         let mut keep_alive = c.keep_alive;
-        if v5 && (keep_alive == 0 || keep_alive > cfg.mqtt.max_keep_alive) {
+        // A v5 client asking for more than the maximum, or for none while a maximum is set,
+        // gets Server Keep Alive.
+        let max = cfg.mqtt.max_keep_alive;
+        if v5 && (keep_alive > max || (keep_alive == 0 && max < u16::MAX)) {
             keep_alive = cfg.mqtt.max_keep_alive;
             props.server_keep_alive = Some(keep_alive);
         }

@@ -10,6 +10,7 @@ mod codec;
 mod error;
 mod packet;
 mod properties;
+mod read_buffer;
 mod reason;
 pub mod topic;
 
@@ -19,4 +20,5 @@ pub use codec::{decode, encode, encoded_len};
 pub use error::{DecodeError, EncodeError};
 pub use packet::*;
 pub use properties::Properties;
+pub use read_buffer::ReadBuffer;
 pub use reason::ReasonCode;

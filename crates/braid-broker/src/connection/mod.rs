@@ -3,7 +3,6 @@
 //! goes out with the deliveries of the same turn and nothing waits for a second task.
 
 mod inbound;
-mod read_buffer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,8 +18,8 @@ use braid_proto::{
 
 use crate::broker::{Accepted, Broker, Ending};
 use crate::metrics::Metrics;
+use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
-use read_buffer::ReadBuffer;
 
 /// Bytes of deliveries encoded before writing; more stays queued until the write completes.
 const WRITE_BUDGET: usize = 64 * 1024;

@@ -212,6 +212,10 @@ impl SessionState {
         let version = link.version;
         // Resends count against the window of the new connection, which may be smaller.
         while self.inflight.sent() < link.window {
+            if buf.len() >= budget {
+                t.more = true;
+                break;
+            }
             let Some(e) = self.inflight.next_unsent() else { break };
             let p = match e.stage {
                 Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
@@ -228,7 +232,7 @@ impl SessionState {
             };
             let _ = encode(&p, version, buf);
         }
-        while let Some(front) = self.queue.front() {
+        while let (false, Some(front)) = (t.more, self.queue.front()) {
             if buf.len() >= budget {
                 t.more = true;
                 break;

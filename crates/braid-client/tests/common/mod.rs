@@ -1,0 +1,257 @@
+//! Shared harness for the client's integration tests: a real Braid broker in-process on an
+//! ephemeral port, and a scripted fake server (braid-proto over a TcpListener) for what a real
+//! broker does not let a test control, such as withholding acks or dropping a connection.
+//!
+//! Every wait is bounded: a test that would hang fails after a few seconds instead.
+#![allow(dead_code, unused_imports)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use braid_broker::{Broker, Config, Server};
+pub use braid_client::{
+    Bytes, Client, ClientOptions, Connected, Error, Event, Message, Properties, ProtocolVersion, Publish,
+    QoS, ReasonCode, Reconnect, RetainHandling, SubscriptionOptions, Will,
+};
+pub use braid_proto::{decode, encode, Ack, BytesMut, ConnAck, Connect, Packet, SubAck};
+
+/// How long a test waits for anything that should happen promptly.
+pub const WAIT: Duration = Duration::from_secs(5);
+/// How long a test watches for something that must not happen.
+pub const QUIET: Duration = Duration::from_millis(300);
+
+pub const V31: ProtocolVersion = ProtocolVersion::V3_1;
+pub const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
+pub const V5: ProtocolVersion = ProtocolVersion::V5;
+
+/// Broker configuration for tests: ephemeral loopback port, no `$SYS` traffic.
+pub fn test_config() -> Config {
+    let mut config = Config::default();
+    config.listeners.tcp = "127.0.0.1:0".parse().unwrap();
+    config.sys.interval_secs = 0;
+    config
+}
+
+/// A broker running on the test's runtime; shut down when dropped.
+pub struct TestBroker {
+    pub addr: SocketAddr,
+    pub broker: Arc<Broker>,
+    run: Option<JoinHandle<()>>,
+}
+
+/// Binds `config` and runs the server in a task.
+pub async fn start(config: Config) -> TestBroker {
+    let server = Server::bind(config).await.expect("bind test broker");
+    let addr = server.local_addr();
+    let broker = server.broker().clone();
+    let run = tokio::spawn(server.run());
+    TestBroker { addr, broker, run: Some(run) }
+}
+
+/// [`start`] with [`test_config`].
+pub async fn start_default() -> TestBroker {
+    start(test_config()).await
+}
+
+impl TestBroker {
+    /// Shuts the broker down and waits for it (v5 clients get DISCONNECT 0x8B).
+    pub async fn shutdown(&mut self) {
+        self.broker.shutdown.cancel();
+        if let Some(run) = self.run.take() {
+            tokio::time::timeout(WAIT, run).await.expect("broker shuts down").expect("no panic");
+        }
+    }
+
+    /// PUBLISH packets the broker has sent to clients so far.
+    pub fn messages_sent(&self) -> u64 {
+        braid_broker::metrics::Metrics::get(&self.broker.metrics.messages_sent)
+    }
+
+    /// Client options for this broker.
+    pub fn options(&self, version: ProtocolVersion, client_id: &str) -> ClientOptions {
+        let mut o = ClientOptions::new(self.addr.ip().to_string(), self.addr.port());
+        o.version = version;
+        o.client_id = client_id.into();
+        o
+    }
+
+    /// Connects a client with [`TestBroker::options`].
+    pub async fn client(&self, version: ProtocolVersion, client_id: &str) -> Client {
+        connect(self.options(version, client_id)).await.0
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        self.broker.shutdown.cancel();
+    }
+}
+
+/// Connects, panicking on failure or after [`WAIT`].
+pub async fn connect(opts: ClientOptions) -> (Client, Connected) {
+    tokio::time::timeout(WAIT, Client::connect(opts)).await.expect("connect timed out").expect("connect")
+}
+
+/// Subscribes to one filter at `qos` and asserts it was granted.
+pub async fn subscribe(c: &Client, filter: &str, qos: QoS) {
+    subscribe_with(c, filter, SubscriptionOptions { qos, ..Default::default() }).await;
+}
+
+/// Subscribes to one filter with `options` and asserts the SUBACK is a success.
+pub async fn subscribe_with(c: &Client, filter: &str, options: SubscriptionOptions) {
+    let reasons =
+        within(c.subscribe(vec![(filter.into(), options)], Properties::default())).await.expect("subscribe");
+    assert_eq!(reasons.len(), 1);
+    assert!(!reasons[0].is_error(), "SUBACK refused {filter}: {reasons:?}");
+}
+
+/// Awaits `f`, panicking after [`WAIT`].
+pub async fn within<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f).await.expect("timed out")
+}
+
+/// The next event, panicking on `None` or after [`WAIT`].
+pub async fn next_event(c: &Client) -> Event {
+    within(c.recv()).await.expect("client closed while an event was expected")
+}
+
+/// The next event, which must be a message.
+pub async fn next_message(c: &Client) -> Publish {
+    match next_event(c).await {
+        Event::Message(p) => p,
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+/// Asserts no event arrives for [`QUIET`].
+pub async fn expect_no_event(c: &Client) {
+    if let Ok(ev) = tokio::time::timeout(QUIET, c.recv()).await {
+        panic!("expected no event, got {ev:?}");
+    }
+}
+
+/// Publishes and waits for the acknowledgement.
+pub async fn publish_acked(c: &Client, topic: &str, payload: &'static str, qos: QoS) -> ReasonCode {
+    let handle = within(c.publish(Message::new(topic, payload, qos))).await.expect("publish");
+    within(handle.acked()).await.expect("publish acknowledged")
+}
+
+/// Polls `f` until it is true, panicking after [`WAIT`].
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fake server
+// ------------------------------------------------------------------------------------------------
+
+/// A listener that accepts clients and lets the test script the server side packet by packet.
+pub struct FakeServer {
+    listener: TcpListener,
+    pub addr: SocketAddr,
+}
+
+impl FakeServer {
+    pub async fn new() -> FakeServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        FakeServer { listener, addr }
+    }
+
+    /// Client options pointing at this server (reconnect off, keep alive off).
+    pub fn options(&self, version: ProtocolVersion) -> ClientOptions {
+        let mut o = ClientOptions::new("127.0.0.1", self.addr.port());
+        o.version = version;
+        o.client_id = "fake-client".into();
+        o.keep_alive = 0;
+        o
+    }
+
+    /// Accepts a connection and reads its CONNECT.
+    pub async fn accept(&self) -> (FakeConn, Connect) {
+        let (stream, _) = within(self.listener.accept()).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut conn = FakeConn { stream, rbuf: BytesMut::new(), version: V5 };
+        match conn.recv().await {
+            Some(Packet::Connect(c)) => {
+                conn.version = c.protocol;
+                (conn, *c)
+            }
+            other => panic!("expected CONNECT, got {other:?}"),
+        }
+    }
+
+    /// Accepts a connection and answers its CONNECT with a successful CONNACK.
+    pub async fn accept_ok(&self, session_present: bool, properties: Properties) -> (FakeConn, Connect) {
+        let (mut conn, connect) = self.accept().await;
+        conn.send(Packet::ConnAck(ConnAck { session_present, reason: ReasonCode::Success, properties }))
+            .await;
+        (conn, connect)
+    }
+}
+
+/// One accepted connection on a [`FakeServer`].
+pub struct FakeConn {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    pub version: ProtocolVersion,
+}
+
+impl FakeConn {
+    pub async fn send(&mut self, p: Packet) {
+        let mut buf = BytesMut::new();
+        encode(&p, self.version, &mut buf).unwrap();
+        within(self.stream.write_all(&buf)).await.unwrap();
+    }
+
+    /// The next packet within `d`: `Ok(Some)`, `Ok(None)` when the client closed, `Err` on
+    /// timeout.
+    pub async fn recv_within(&mut self, d: Duration) -> Result<Option<Packet>, ()> {
+        let deadline = tokio::time::Instant::now() + d;
+        loop {
+            if let Some(p) = decode(&mut self.rbuf, self.version, u32::MAX).expect("client sent bad bytes") {
+                return Ok(Some(p));
+            }
+            self.rbuf.reserve(4096);
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)).await {
+                Err(_) => return Err(()),
+                Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// The next packet, `None` once the client closed; panics after [`WAIT`].
+    pub async fn recv(&mut self) -> Option<Packet> {
+        self.recv_within(WAIT).await.expect("nothing received from the client")
+    }
+
+    /// The next packet; panics on close or timeout.
+    pub async fn expect(&mut self) -> Packet {
+        self.recv().await.expect("client closed the connection")
+    }
+
+    /// The next packet must be a PUBLISH.
+    pub async fn expect_publish(&mut self) -> Publish {
+        match self.expect().await {
+            Packet::Publish(p) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    /// Asserts the client sends nothing for [`QUIET`].
+    pub async fn expect_nothing(&mut self) {
+        if let Ok(p) = self.recv_within(QUIET).await {
+            panic!("expected silence, got {p:?}");
+        }
+    }
+}
