@@ -167,7 +167,7 @@ impl Broker {
             self.take_over(&old, discard);
         }
 
-        let ctl = Arc::new(ConnControl::new());
+        let ctl = Arc::new(ConnControl::new(keep_alive, self.now_ms()));
         let window = if v5 { c.properties.receive_maximum.unwrap_or(u16::MAX) } else { u16::MAX };
         let alias_max = match (v5, cfg.mqtt.server_topic_aliases) {
             (true, true) => c.properties.topic_alias_maximum.unwrap_or(0),
@@ -421,6 +421,22 @@ impl Broker {
         for s in sessions {
             if let Some(link) = &s.lock().link {
                 link.ctl.close(reason);
+            }
+        }
+    }
+
+    /// Milliseconds since the broker started: the clock of connection activity.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Closes every connection that has been silent for 1.5 times its keep alive. One sweep
+    /// over the sessions replaces a timer per connection (see [`crate::server`]).
+    pub fn expire_silent(&self) {
+        let now = self.now_ms();
+        for s in self.sessions.lock().values() {
+            if let Some(link) = &s.lock().link {
+                link.ctl.expire_if_silent(now);
             }
         }
     }

@@ -46,6 +46,7 @@ impl Server {
     pub async fn run(self) {
         info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
         tokio::spawn(sys::run(self.broker.clone()));
+        tokio::spawn(sweep_keep_alive(self.broker.clone()));
         let shutdown = self.broker.shutdown.clone();
         let connections = TaskTracker::new();
         loop {
@@ -70,5 +71,20 @@ impl Server {
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;
+    }
+}
+
+/// How often silent connections are looked for: a client is closed between 1.5 times its keep
+/// alive and that plus this.
+const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
+
+async fn sweep_keep_alive(broker: Arc<Broker>) {
+    let mut tick = tokio::time::interval(KEEP_ALIVE_SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => broker.expire_silent(),
+            _ = broker.shutdown.cancelled() => return,
+        }
     }
 }

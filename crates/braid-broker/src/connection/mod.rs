@@ -77,6 +77,16 @@ where
     broker.disconnected(&accepted.session, accepted.generation, ending);
 }
 
+/// Waits for the held acknowledgement when there is one. The wait is boxed so that the many
+/// connections that are never held do not carry its state.
+async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Packet {
+    if held {
+        Box::pin(inbound.release_held()).await
+    } else {
+        std::future::pending().await
+    }
+}
+
 enum FirstPacket {
     Eof,
     Close(String),
@@ -140,15 +150,9 @@ impl Connection<'_> {
         let (broker, a) = (self.broker, self.a);
         let mut inbound = Inbound::new(broker, &a.session, self.version);
         let max = broker.config.mqtt.max_packet_size;
-        // Keep alive counts every byte that arrives, so a large packet still arriving over a
-        // slow link keeps its client alive (the spec only asks for 1.5x without a packet).
-        let grace = Duration::from_millis(u64::from(a.keep_alive) * 1500);
-        let grace = if a.keep_alive == 0 { Duration::from_secs(86_400 * 365) } else { grace };
-        let mut last_activity = Instant::now();
-        let check = tokio::time::sleep(grace);
-        tokio::pin!(check);
         // Deliveries may be waiting already (a resumed session): look before the first wait.
         let mut transmit = true;
+        let mut was_held = false;
         loop {
             let flow = loop {
                 if inbound.is_held() {
@@ -181,14 +185,28 @@ impl Connection<'_> {
             }
             // While an acknowledgement is held by full subscriber queues, nothing more is read
             // from this client (backpressure), and its silence is not a keep-alive failure.
+            // Keep alive itself is watched by the broker's sweeper (`Broker::expire_silent`),
+            // which counts every byte that arrives: a large packet still arriving over a slow
+            // link keeps its client alive.
             let held = inbound.is_held();
+            if held != was_held {
+                a.ctl.set_held(held, broker.now_ms());
+                was_held = held;
+            }
             tokio::select! {
                 biased;
-                _ = a.ctl.closed() => {
-                    return match a.ctl.reason() {
-                        ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
-                        _ => Ending::WithWill,
-                    };
+                _ = a.ctl.woken() => {
+                    if a.ctl.is_closed() {
+                        let reason = a.ctl.reason();
+                        if reason == ReasonCode::KeepAliveTimeout {
+                            info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
+                        }
+                        return match reason {
+                            ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
+                            _ => Ending::WithWill,
+                        };
+                    }
+                    transmit = true;
                 }
                 written = wr.write(&self.out[self.written..]), if !self.out.is_empty() => match written {
                     Ok(n) if n > 0 => {
@@ -207,34 +225,17 @@ impl Connection<'_> {
                         return Ending::WithWill;
                     }
                 },
-                ack = inbound.release_held(), if held => {
-                    inbound.reply(&ack, &mut self.out);
-                    last_activity = Instant::now();
-                }
+                ack = release_if_held(held, &mut inbound) => inbound.reply(&ack, &mut self.out),
                 read = rbuf.read_from(rd), if !held => match read {
                     Ok(0) | Err(_) => {
                         a.ctl.close(ReasonCode::Success);
                         return Ending::WithWill;
                     }
                     Ok(n) => {
-                        last_activity = Instant::now();
+                        a.ctl.touch(broker.now_ms());
                         Metrics::add(&broker.metrics.bytes_received, n as u64);
                     }
                 },
-                _ = a.session.woken(), if self.out.is_empty() => transmit = true,
-                _ = &mut check => {
-                    if held {
-                        last_activity = Instant::now();
-                    }
-                    let deadline = last_activity + grace;
-                    if Instant::now() >= deadline {
-                        let detail = format!("nothing received for {} ms (keep alive {} s)", grace.as_millis(), a.keep_alive);
-                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {detail}");
-                        a.ctl.close_because(ReasonCode::KeepAliveTimeout, detail);
-                        return Ending::WithWill;
-                    }
-                    check.as_mut().reset(tokio::time::Instant::from_std(deadline));
-                }
             }
         }
     }

@@ -171,7 +171,7 @@ mod tests {
         let picks: Vec<Vec<u64>> = (0..4).map(|_| routed(&r, "t")).collect();
         assert_eq!(picks, [vec![1], vec![2], vec![1], vec![2]]);
         // Only b online: b gets everything.
-        let ctl = Arc::new(crate::control::ConnControl::new());
+        let ctl = Arc::new(crate::control::ConnControl::new(0, 0));
         let l = crate::session::Link::new(braid_proto::ProtocolVersion::V5, 10, u32::MAX, 0, ctl);
         b.lock().attach(l);
         assert!((0..4).all(|_| routed(&r, "t") == [2]));

@@ -26,20 +26,13 @@ pub struct Session {
     /// Client identifier.
     pub client_id: ByteString,
     state: Mutex<SessionState>,
-    wake: Notify,
     space: Notify,
 }
 
 impl Session {
     /// A new offline session.
     pub fn new(id: u64, client_id: ByteString, limits: QueueLimits) -> Session {
-        Session {
-            id,
-            client_id,
-            state: Mutex::new(SessionState::new(limits)),
-            wake: Notify::new(),
-            space: Notify::new(),
-        }
+        Session { id, client_id, state: Mutex::new(SessionState::new(limits)), space: Notify::new() }
     }
 
     /// Locks the state.
@@ -47,25 +40,14 @@ impl Session {
         self.state.lock()
     }
 
-    /// Wakes the attached connection's writer.
-    pub fn wake(&self) {
-        self.wake.notify_one();
-    }
-
-    /// Waits until [`Session::wake`] is called (a call made before waiting is not lost).
-    pub async fn woken(&self) {
-        self.wake.notified().await
-    }
-
-    /// Offers a delivery and wakes the writer if the client is online.
+    /// Offers a delivery and wakes the attached connection, if any.
     pub fn deliver(&self, d: Delivery) -> Enqueued {
         let mut st = self.state.lock();
         let r = st.enqueue(d);
-        let online = st.is_online();
-        drop(st);
-        if online && matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest)
-        {
-            self.wake.notify_one();
+        if let Some(link) = &st.link {
+            if matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest) {
+                link.ctl.wake();
+            }
         }
         r
     }
