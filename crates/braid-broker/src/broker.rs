@@ -206,7 +206,7 @@ impl Broker {
         };
         old.release_publishers();
         if let Some(will) = will {
-            self.publish_will(old, will);
+            self.publish_will(old, *will);
         }
         if discard {
             self.drop_subscriptions(old);
@@ -336,13 +336,13 @@ impl Broker {
         if let Some(will) = will {
             let delay = will.properties.will_delay_interval.unwrap_or(0).min(expiry);
             if delay == 0 {
-                self.publish_will(session, will);
+                self.publish_will(session, *will);
             } else {
                 let broker = self.clone();
                 let session = session.clone();
                 self.after(delay, move || {
                     if session.lock().generation == generation {
-                        broker.publish_will(&session, will);
+                        broker.publish_will(&session, *will);
                     }
                 });
             }
@@ -399,9 +399,11 @@ impl Broker {
         }
     }
 
-    fn publish_will(&self, session: &Session, will: Box<LastWill>) {
+    fn publish_will(&self, session: &Session, will: LastWill) {
         let mut properties = will.properties;
-        properties.will_delay_interval = None;
+        if properties.will_delay_interval.is_some() {
+            properties.will_delay_interval = None;
+        }
         let p = Publish {
             dup: false,
             qos: will.qos,

@@ -32,10 +32,20 @@ impl Message {
     /// Builds a message from an inbound PUBLISH (topic already resolved from any alias).
     pub fn from_publish(p: Publish, now: Instant, origin: u64, origin_client: ByteString) -> Arc<Message> {
         let mut properties = p.properties;
-        let expires_at =
-            properties.message_expiry_interval.take().map(|secs| now + Duration::from_secs(u64::from(secs)));
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
+        // Only write when there is something to change: writing boxes empty properties.
+        let expires_at = match properties.message_expiry_interval {
+            Some(secs) => {
+                properties.message_expiry_interval = None;
+                Some(now + Duration::from_secs(u64::from(secs)))
+            }
+            None => None,
+        };
+        if properties.topic_alias.is_some() {
+            properties.topic_alias = None;
+        }
+        if !properties.subscription_identifiers.is_empty() {
+            properties.subscription_identifiers.clear();
+        }
         Arc::new(Message {
             topic: p.topic,
             payload: p.payload,

@@ -8,7 +8,8 @@ use common::*;
 
 fn with_will(client_id: &str, clean: bool, delay: Option<u32>) -> Connect {
     let mut c = connect_with_expiry(client_id, clean, 300);
-    let properties = Properties { will_delay_interval: delay, ..Properties::default() };
+    let properties =
+        Properties::from(braid_proto::PropertyValues { will_delay_interval: delay, ..Default::default() });
     c.will = Some(LastWill {
         topic: "will/takeover".into(),
         payload: Bytes::from(format!("{client_id} is gone")),

@@ -453,7 +453,10 @@ impl Connection {
     fn protocol_error(&mut self, reason: ReasonCode, detail: &str) -> Stop {
         warn!(client_id = %self.client_id, "closing connection: {detail} ({})", reason.description());
         if self.version.is_v5() {
-            let properties = Properties { reason_string: Some(detail.into()), ..Default::default() };
+            let properties = Properties::from(braid_proto::PropertyValues {
+                reason_string: Some(detail.into()),
+                ..Default::default()
+            });
             self.send(&Packet::Disconnect(Disconnect { reason, properties }));
         }
         Stop { ending: Ending::Lost(None), flush: true }

@@ -152,7 +152,10 @@ mod tests {
             qos,
             topic: topic.into(),
             packet_id: id,
-            properties: Properties { topic_alias: alias, ..Default::default() },
+            properties: Properties::from(braid_proto::PropertyValues {
+                topic_alias: alias,
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }

@@ -26,7 +26,8 @@ async fn third_publish_waits_for_an_ack_with_max_inflight_2() {
     let mut o = server.options(V5);
     o.max_inflight = 2;
     let accept = tokio::spawn(async move {
-        let props = Properties { receive_maximum: Some(10), ..Default::default() };
+        let props =
+            Properties::from(braid_proto::PropertyValues { receive_maximum: Some(10), ..Default::default() });
         let (conn, _) = server.accept_ok(false, props).await;
         (server, conn)
     });
@@ -68,7 +69,8 @@ async fn server_receive_maximum_caps_the_window() {
     let mut o = server.options(V5);
     o.max_inflight = 100;
     let accept = tokio::spawn(async move {
-        let props = Properties { receive_maximum: Some(1), ..Default::default() };
+        let props =
+            Properties::from(braid_proto::PropertyValues { receive_maximum: Some(1), ..Default::default() });
         let (conn, _) = server.accept_ok(false, props).await;
         (server, conn)
     });
@@ -125,12 +127,12 @@ async fn server_limits_from_connack_are_checked_before_sending() {
     let server = FakeServer::new().await;
     let o = server.options(V5);
     let accept = tokio::spawn(async move {
-        let props = Properties {
+        let props = Properties::from(braid_proto::PropertyValues {
             maximum_qos: Some(1),
             retain_available: Some(0),
             maximum_packet_size: Some(64),
             ..Default::default()
-        };
+        });
         let (conn, _) = server.accept_ok(false, props).await;
         (server, conn)
     });

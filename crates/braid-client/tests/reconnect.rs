@@ -96,7 +96,10 @@ async fn reconnect_resends_unacked_publishes_with_dup_and_pubrel() {
     o.client_id = String::new();
     o.session_expiry = Some(100);
     o.reconnect = fast_reconnect(20);
-    let assigned = Properties { assigned_client_identifier: Some("assigned-1".into()), ..Default::default() };
+    let assigned = Properties::from(braid_proto::PropertyValues {
+        assigned_client_identifier: Some("assigned-1".into()),
+        ..Default::default()
+    });
     let props = assigned.clone();
     let accept = tokio::spawn(async move {
         let (conn, connect) = server.accept_ok(false, props).await;
@@ -185,7 +188,10 @@ async fn server_disconnect_is_surfaced_and_ends_a_client_without_reconnect() {
     let (_server, mut conn) = within(accept).await.unwrap();
     let h = within(client.publish(Message::new("t", "never acked", QoS::AtLeastOnce))).await.unwrap();
     conn.expect_publish().await;
-    let properties = Properties { reason_string: Some("maintenance".into()), ..Default::default() };
+    let properties = Properties::from(braid_proto::PropertyValues {
+        reason_string: Some("maintenance".into()),
+        ..Default::default()
+    });
     conn.send(Packet::Disconnect(braid_proto::Disconnect {
         reason: ReasonCode::AdministrativeAction,
         properties,

@@ -19,6 +19,6 @@ pub use bytestring::ByteString;
 pub use codec::{decode, encode, encoded_len};
 pub use error::{DecodeError, EncodeError};
 pub use packet::*;
-pub use properties::Properties;
+pub use properties::{Properties, PropertyValues};
 pub use read_buffer::ReadBuffer;
 pub use reason::ReasonCode;

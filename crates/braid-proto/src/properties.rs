@@ -1,13 +1,75 @@
-//! MQTT 5.0 properties as one struct of optional fields.
+//! MQTT 5.0 properties: one struct of optional fields, boxed only when a packet has any.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
 
 use bytes::Bytes;
 use bytestring::ByteString;
+
+/// The properties of one packet. Most packets have none, so an empty `Properties` is one null
+/// pointer: no allocation, nothing to copy or drop. Fields are read and written through
+/// `Deref`/`DerefMut` (`props.topic_alias = Some(1)` boxes the values on first write).
+#[derive(Clone, Default)]
+pub struct Properties(Option<Box<PropertyValues>>);
+
+static NONE: PropertyValues = PropertyValues::NONE;
+
+impl Properties {
+    /// True when no property is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.as_deref().is_none_or(|v| *v == NONE)
+    }
+
+    /// True when no property was ever set (nothing is boxed): the cheap form of `is_empty`.
+    pub(crate) fn is_unset(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The values, unboxed.
+    pub fn into_values(self) -> PropertyValues {
+        self.0.map(|b| *b).unwrap_or_default()
+    }
+}
+
+impl Deref for Properties {
+    type Target = PropertyValues;
+
+    fn deref(&self) -> &PropertyValues {
+        self.0.as_deref().unwrap_or(&NONE)
+    }
+}
+
+impl DerefMut for Properties {
+    fn deref_mut(&mut self) -> &mut PropertyValues {
+        self.0.get_or_insert_with(Default::default)
+    }
+}
+
+impl From<PropertyValues> for Properties {
+    fn from(values: PropertyValues) -> Properties {
+        Properties(Some(Box::new(values)))
+    }
+}
+
+impl PartialEq for Properties {
+    fn eq(&self, other: &Properties) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Properties {}
+
+impl fmt::Debug for Properties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
 
 /// Every MQTT 5.0 property. A packet uses the subset the spec allows for it; the decoder
 /// rejects a property that is not allowed in the packet it arrived in (Protocol Error) and a
 /// property given twice where the spec allows it once.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Properties {
+pub struct PropertyValues {
     /// 0x01 Payload Format Indicator.
     pub payload_format_indicator: Option<u8>,
     /// 0x02 Message Expiry Interval (seconds).
@@ -64,9 +126,35 @@ pub struct Properties {
     pub shared_subscription_available: Option<u8>,
 }
 
-impl Properties {
-    /// True when no property is set.
-    pub fn is_empty(&self) -> bool {
-        *self == Properties::default()
-    }
+impl PropertyValues {
+    /// No property set.
+    pub const NONE: PropertyValues = PropertyValues {
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        subscription_identifiers: Vec::new(),
+        session_expiry_interval: None,
+        assigned_client_identifier: None,
+        server_keep_alive: None,
+        authentication_method: None,
+        authentication_data: None,
+        request_problem_information: None,
+        will_delay_interval: None,
+        request_response_information: None,
+        response_information: None,
+        server_reference: None,
+        reason_string: None,
+        receive_maximum: None,
+        topic_alias_maximum: None,
+        topic_alias: None,
+        maximum_qos: None,
+        retain_available: None,
+        user_properties: Vec::new(),
+        maximum_packet_size: None,
+        wildcard_subscription_available: None,
+        subscription_identifier_available: None,
+        shared_subscription_available: None,
+    };
 }

@@ -121,7 +121,10 @@ async fn read_connect<R: AsyncRead + Unpin>(
 /// Writes a refusing CONNACK and closes.
 async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
     let mut buf = BytesMut::new();
-    let properties = Properties { reason_string: Some(reason.description().into()), ..Default::default() };
+    let properties = Properties::from(braid_proto::PropertyValues {
+        reason_string: Some(reason.description().into()),
+        ..Default::default()
+    });
     let ack = ConnAck { session_present: false, reason, properties };
     if encode(&Packet::ConnAck(ack), version, &mut buf).is_ok() {
         let _ = tokio::time::timeout(Duration::from_secs(1), wr.write_all(&buf)).await;
@@ -268,7 +271,10 @@ impl Connection<'_> {
             self.out.clear();
             self.written = 0;
         } else if self.version.is_v5() {
-            let properties = Properties { reason_string: Some(detail.as_ref().into()), ..Default::default() };
+            let properties = Properties::from(braid_proto::PropertyValues {
+                reason_string: Some(detail.as_ref().into()),
+                ..Default::default()
+            });
             let d = Disconnect { reason, properties };
             let _ = encode(&Packet::Disconnect(d), self.version, &mut self.out);
         }

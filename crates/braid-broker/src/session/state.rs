@@ -279,9 +279,14 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
         payload: msg.payload.clone(),
     };
     if link.version.is_v5() {
+        // Only write when there is something to set: writing boxes empty properties.
         p.properties = msg.properties.clone();
-        p.properties.message_expiry_interval = msg.remaining_expiry(now);
-        p.properties.subscription_identifiers.extend(d.sub_id);
+        if let Some(left) = msg.remaining_expiry(now) {
+            p.properties.message_expiry_interval = Some(left);
+        }
+        if let Some(id) = d.sub_id {
+            p.properties.subscription_identifiers.push(id);
+        }
     }
     // Most clients set no Maximum Packet Size: then there is nothing to measure.
     let max = link.max_packet_size as usize;
@@ -413,7 +418,10 @@ mod tests {
         let mut st = SessionState::new(limits(10));
         st.attach(link(ProtocolVersion::V5, 10, 0));
         let now = Instant::now();
-        let mut props = Properties { message_expiry_interval: Some(10), ..Default::default() };
+        let mut props = Properties::from(braid_proto::PropertyValues {
+            message_expiry_interval: Some(10),
+            ..Default::default()
+        });
         let make = |props: Properties| Publish {
             qos: QoS::AtLeastOnce,
             topic: ByteString::from_static("t"),

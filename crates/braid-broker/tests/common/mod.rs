@@ -314,7 +314,7 @@ impl TestClient {
     pub async fn expect_disconnect(&mut self, reason: ReasonCode) {
         let got = self.expect_closed_with().await;
         assert_eq!(got.as_ref().map(|d| d.reason), Some(reason), "{}: DISCONNECT reason", self.name);
-        let why = got.and_then(|d| d.properties.reason_string);
+        let why = got.and_then(|d| d.properties.reason_string.clone());
         assert!(why.is_some_and(|w| !w.is_empty()), "{}: DISCONNECT carries a Reason String", self.name);
     }
 

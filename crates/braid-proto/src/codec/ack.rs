@@ -173,7 +173,10 @@ mod tests {
         let ack = Ack {
             packet_id: 1,
             reason: ReasonCode::Success,
-            properties: Properties { reason_string: Some("ok".into()), ..Properties::default() },
+            properties: Properties::from(crate::PropertyValues {
+                reason_string: Some("ok".into()),
+                ..Default::default()
+            }),
         };
         assert_eq!(
             encode_to_vec(&Packet::PubComp(ack), V5),
@@ -183,7 +186,10 @@ mod tests {
         let ack = Ack {
             packet_id: 1,
             reason: ReasonCode::Success,
-            properties: Properties { topic_alias: Some(1), ..Properties::default() },
+            properties: Properties::from(crate::PropertyValues {
+                topic_alias: Some(1),
+                ..Default::default()
+            }),
         };
         assert_eq!(encode_to_vec(&Packet::PubAck(ack), V5), [0x40, 0x02, 0x00, 0x01]);
     }

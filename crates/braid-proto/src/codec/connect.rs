@@ -304,7 +304,10 @@ mod tests {
             protocol: V5,
             clean_start: true,
             keep_alive: 10,
-            properties: Properties { session_expiry_interval: Some(10), ..Properties::default() },
+            properties: Properties::from(crate::PropertyValues {
+                session_expiry_interval: Some(10),
+                ..Default::default()
+            }),
             client_id: "c".into(),
             will: Some(LastWill {
                 topic: "w".into(),

@@ -110,7 +110,10 @@ mod tests {
             decode_one(&[0xE0, 0x02, 0x8E, 0x00], V5),
             Ok(disconnect(ReasonCode::SessionTakenOver, Properties::default()))
         );
-        let expiry = Properties { session_expiry_interval: Some(5), ..Properties::default() };
+        let expiry = Properties::from(crate::PropertyValues {
+            session_expiry_interval: Some(5),
+            ..Default::default()
+        });
         assert_eq!(
             decode_one(&[0xE0, 0x07, 0x00, 0x05, 0x11, 0, 0, 0, 5], V5),
             Ok(disconnect(ReasonCode::Success, expiry))

@@ -233,6 +233,9 @@ pub(super) fn read_properties(r: &mut Reader, ctx: Context) -> Result<Properties
 
 /// Bytes the properties allowed in `ctx` take, without the Property Length.
 pub(super) fn properties_len(props: &Properties, ctx: Context) -> usize {
+    if props.is_unset() {
+        return 0;
+    }
     let ids: usize = subscription_identifiers(props, ctx).iter().map(|&id| 1 + varint_len(id as usize)).sum();
     let users: usize =
         props.user_properties.iter().map(|(name, value)| 1 + name.wire_len() + value.wire_len()).sum();
@@ -252,6 +255,9 @@ pub(super) fn write_properties(
     buf: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     put_varint(buf, properties_len(props, ctx))?;
+    if props.is_unset() {
+        return Ok(());
+    }
     write_singles(props, ctx, buf)?;
     for &id in subscription_identifiers(props, ctx) {
         buf.put_u8(SUBSCRIPTION_IDENTIFIER);
@@ -477,8 +483,10 @@ mod tests {
 
     #[test]
     fn subscription_identifier_above_the_varint_range_is_not_encoded() {
-        let props =
-            Properties { subscription_identifiers: vec![MAX_SUBSCRIPTION_ID + 1], ..Properties::default() };
+        let props = Properties::from(crate::PropertyValues {
+            subscription_identifiers: vec![MAX_SUBSCRIPTION_ID + 1],
+            ..Default::default()
+        });
         let mut buf = BytesMut::new();
         assert_eq!(write_properties(&props, Context::Publish, &mut buf), Err(EncodeError::TooLarge));
     }

@@ -57,16 +57,18 @@ fn publish_properties() -> impl Strategy<Value = Properties> {
         option::of(1..=u16::MAX),
         user_properties(),
     )
-        .prop_map(|(pfi, expiry, content, response, correlation, ids, alias, users)| Properties {
-            payload_format_indicator: pfi,
-            message_expiry_interval: expiry,
-            content_type: content,
-            response_topic: response,
-            correlation_data: correlation,
-            subscription_identifiers: ids,
-            topic_alias: alias,
-            user_properties: users,
-            ..Properties::default()
+        .prop_map(|(pfi, expiry, content, response, correlation, ids, alias, users)| {
+            Properties::from(crate::PropertyValues {
+                payload_format_indicator: pfi,
+                message_expiry_interval: expiry,
+                content_type: content,
+                response_topic: response,
+                correlation_data: correlation,
+                subscription_identifiers: ids,
+                topic_alias: alias,
+                user_properties: users,
+                ..Default::default()
+            })
         })
 }
 
@@ -83,36 +85,42 @@ fn connect_properties() -> impl Strategy<Value = Properties> {
         option::of(1..=u32::MAX),
         user_properties(),
     )
-        .prop_map(|(expiry, method, data, problem, response, receive, alias, size, users)| Properties {
-            session_expiry_interval: expiry,
-            authentication_method: method,
-            authentication_data: data,
-            request_problem_information: problem,
-            request_response_information: response,
-            receive_maximum: receive,
-            topic_alias_maximum: alias,
-            maximum_packet_size: size,
-            user_properties: users,
-            ..Properties::default()
+        .prop_map(|(expiry, method, data, problem, response, receive, alias, size, users)| {
+            Properties::from(crate::PropertyValues {
+                session_expiry_interval: expiry,
+                authentication_method: method,
+                authentication_data: data,
+                request_problem_information: problem,
+                request_response_information: response,
+                receive_maximum: receive,
+                topic_alias_maximum: alias,
+                maximum_packet_size: size,
+                user_properties: users,
+                ..Default::default()
+            })
         })
 }
 
 /// Properties a CONNECT will may carry.
 fn will_properties() -> impl Strategy<Value = Properties> {
-    (publish_properties(), option::of(any::<u32>())).prop_map(|(publish, delay)| Properties {
-        will_delay_interval: delay,
-        subscription_identifiers: Vec::new(),
-        topic_alias: None,
-        ..publish
+    (publish_properties(), option::of(any::<u32>())).prop_map(|(publish, delay)| {
+        Properties::from(crate::PropertyValues {
+            will_delay_interval: delay,
+            subscription_identifiers: Vec::new(),
+            topic_alias: None,
+            ..publish.into_values()
+        })
     })
 }
 
 /// Properties a SUBSCRIBE may carry.
 fn subscribe_properties() -> impl Strategy<Value = Properties> {
-    (option::of(subscription_id()), user_properties()).prop_map(|(id, users)| Properties {
-        subscription_identifiers: id.into_iter().collect(),
-        user_properties: users,
-        ..Properties::default()
+    (option::of(subscription_id()), user_properties()).prop_map(|(id, users)| {
+        Properties::from(crate::PropertyValues {
+            subscription_identifiers: id.into_iter().collect(),
+            user_properties: users,
+            ..Default::default()
+        })
     })
 }
 

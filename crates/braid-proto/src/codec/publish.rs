@@ -97,7 +97,10 @@ mod tests {
             qos: QoS::ExactlyOnce,
             packet_id: 10,
             dup: true,
-            properties: Properties { topic_alias: Some(5), ..Properties::default() },
+            properties: Properties::from(crate::PropertyValues {
+                topic_alias: Some(5),
+                ..Default::default()
+            }),
             ..qos0
         };
         let bytes =
@@ -135,8 +138,8 @@ mod tests {
         for ptr in [
             p.topic.as_bytes().as_ptr(),
             p.payload.as_ptr(),
-            p.properties.content_type.unwrap().as_bytes().as_ptr(),
-            p.properties.correlation_data.unwrap().as_ptr(),
+            p.properties.content_type.as_ref().unwrap().as_bytes().as_ptr(),
+            p.properties.correlation_data.as_ref().unwrap().as_ptr(),
         ] {
             assert!((start..end).contains(&(ptr as usize)), "copied");
         }
@@ -176,7 +179,10 @@ mod tests {
         assert_eq!(decode_one(&[0x30, 0x04, 0x00, 0x00, 0x00, b'x'], V5), Err(DecodeError::TopicNameInvalid));
         let aliased = Publish {
             topic: "".into(),
-            properties: Properties { topic_alias: Some(1), ..Properties::default() },
+            properties: Properties::from(crate::PropertyValues {
+                topic_alias: Some(1),
+                ..Default::default()
+            }),
             payload: Bytes::from_static(b"x"),
             ..Publish::default()
         };

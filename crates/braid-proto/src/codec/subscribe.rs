@@ -270,7 +270,10 @@ mod tests {
         assert_eq!(round_trip(&packet, V3_1_1), v3);
         let packet = Packet::Subscribe(Subscribe {
             packet_id: 10,
-            properties: Properties { subscription_identifiers: vec![300], ..Properties::default() },
+            properties: Properties::from(crate::PropertyValues {
+                subscription_identifiers: vec![300],
+                ..Default::default()
+            }),
             filters: vec![("a/b".into(), rich_options())],
         });
         let v5 = [0x82, 0x0C, 0x00, 0x0A, 0x03, 0x0B, 0xAC, 0x02, 0x00, 0x03, b'a', b'/', b'b', 0x2E];

@@ -69,7 +69,7 @@ pub(super) fn frame(first: u8, body: &[u8]) -> Vec<u8> {
 
 /// A `Properties` with every field set, each to a value valid in its packets.
 pub(super) fn all_properties() -> Properties {
-    Properties {
+    Properties::from(crate::PropertyValues {
         payload_format_indicator: Some(1),
         message_expiry_interval: Some(3600),
         content_type: Some("text/plain".into()),
@@ -97,7 +97,7 @@ pub(super) fn all_properties() -> Properties {
         wildcard_subscription_available: Some(1),
         subscription_identifier_available: Some(0),
         shared_subscription_available: Some(1),
-    }
+    })
 }
 
 /// The fields of [`all_properties`] that a packet allows, built by hand from the spec's table
@@ -107,13 +107,16 @@ pub(super) mod allowed {
     use crate::Properties;
 
     fn user_only() -> Properties {
-        Properties { user_properties: all_properties().user_properties, ..Properties::default() }
+        Properties::from(crate::PropertyValues {
+            user_properties: all_properties().into_values().user_properties,
+            ..Default::default()
+        })
     }
 
     /// CONNECT.
     pub(crate) fn connect() -> Properties {
-        let all = all_properties();
-        Properties {
+        let all = all_properties().into_values();
+        Properties::from(crate::PropertyValues {
             session_expiry_interval: all.session_expiry_interval,
             authentication_method: all.authentication_method,
             authentication_data: all.authentication_data,
@@ -122,28 +125,28 @@ pub(super) mod allowed {
             receive_maximum: all.receive_maximum,
             topic_alias_maximum: all.topic_alias_maximum,
             maximum_packet_size: all.maximum_packet_size,
-            ..user_only()
-        }
+            ..user_only().into_values()
+        })
     }
 
     /// The CONNECT will.
     pub(crate) fn will() -> Properties {
-        let all = all_properties();
-        Properties {
+        let all = all_properties().into_values();
+        Properties::from(crate::PropertyValues {
             payload_format_indicator: all.payload_format_indicator,
             message_expiry_interval: all.message_expiry_interval,
             content_type: all.content_type,
             response_topic: all.response_topic,
             correlation_data: all.correlation_data,
             will_delay_interval: all.will_delay_interval,
-            ..user_only()
-        }
+            ..user_only().into_values()
+        })
     }
 
     /// CONNACK.
     pub(crate) fn connack() -> Properties {
-        let all = all_properties();
-        Properties {
+        let all = all_properties().into_values();
+        Properties::from(crate::PropertyValues {
             session_expiry_interval: all.session_expiry_interval,
             receive_maximum: all.receive_maximum,
             maximum_qos: all.maximum_qos,
@@ -160,14 +163,14 @@ pub(super) mod allowed {
             server_reference: all.server_reference,
             authentication_method: all.authentication_method,
             authentication_data: all.authentication_data,
-            ..user_only()
-        }
+            ..user_only().into_values()
+        })
     }
 
     /// PUBLISH.
     pub(crate) fn publish() -> Properties {
-        let all = all_properties();
-        Properties {
+        let all = all_properties().into_values();
+        Properties::from(crate::PropertyValues {
             payload_format_indicator: all.payload_format_indicator,
             message_expiry_interval: all.message_expiry_interval,
             topic_alias: all.topic_alias,
@@ -175,18 +178,24 @@ pub(super) mod allowed {
             correlation_data: all.correlation_data,
             subscription_identifiers: all.subscription_identifiers,
             content_type: all.content_type,
-            ..user_only()
-        }
+            ..user_only().into_values()
+        })
     }
 
     /// PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK and UNSUBACK.
     pub(crate) fn ack() -> Properties {
-        Properties { reason_string: all_properties().reason_string, ..user_only() }
+        Properties::from(crate::PropertyValues {
+            reason_string: all_properties().into_values().reason_string,
+            ..user_only().into_values()
+        })
     }
 
     /// SUBSCRIBE: one Subscription Identifier at most.
     pub(crate) fn subscribe() -> Properties {
-        Properties { subscription_identifiers: vec![7], ..user_only() }
+        Properties::from(crate::PropertyValues {
+            subscription_identifiers: vec![7],
+            ..user_only().into_values()
+        })
     }
 
     /// UNSUBSCRIBE.
@@ -196,23 +205,23 @@ pub(super) mod allowed {
 
     /// DISCONNECT.
     pub(crate) fn disconnect() -> Properties {
-        let all = all_properties();
-        Properties {
+        let all = all_properties().into_values();
+        Properties::from(crate::PropertyValues {
             session_expiry_interval: all.session_expiry_interval,
             reason_string: all.reason_string,
             server_reference: all.server_reference,
-            ..user_only()
-        }
+            ..user_only().into_values()
+        })
     }
 
     /// AUTH.
     pub(crate) fn auth() -> Properties {
-        let all = all_properties();
-        Properties {
+        let all = all_properties().into_values();
+        Properties::from(crate::PropertyValues {
             authentication_method: all.authentication_method,
             authentication_data: all.authentication_data,
             reason_string: all.reason_string,
-            ..user_only()
-        }
+            ..user_only().into_values()
+        })
     }
 }
