@@ -9,6 +9,9 @@ use tracing_subscriber::EnvFilter;
 
 use braid_broker::{Config, Server};
 
+mod bench;
+mod cli;
+
 #[derive(Parser)]
 #[command(name = "braid", version, about = "Braid: an MQTT 3.1, 3.1.1 and 5.0 broker")]
 struct Cli {
@@ -20,6 +23,12 @@ struct Cli {
 enum Command {
     /// Run the broker (no config needed: embedded defaults, MQTT on 0.0.0.0:1883).
     Serve(ServeArgs),
+    /// Load generator, emqtt_bench-compatible flags: `braid bench conn|sub|pub --help`.
+    Bench(bench::BenchArgs),
+    /// Publish messages, mosquitto_pub flags: `braid pub -t topic -m message`.
+    Pub(cli::publish::PubArgs),
+    /// Subscribe and print messages, mosquitto_sub flags: `braid sub -t 'topic/#' -v`.
+    Sub(cli::subscribe::SubArgs),
 }
 
 #[derive(clap::Args)]
@@ -39,6 +48,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Pub(args) => cli::publish::run(args),
+        Command::Sub(args) => cli::subscribe::run(args),
     }
 }
 

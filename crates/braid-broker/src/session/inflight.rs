@@ -34,7 +34,13 @@ pub struct Inflight {
     entries: VecDeque<Entry>,
     next_id: u16,
     unsent: usize,
+    /// Packet ids in use, one bit each, once the window is large enough that scanning the
+    /// entries for a free id would cost more than the 8 KiB this takes.
+    in_use: Option<Box<[u64; 1024]>>,
 }
+
+/// Entries up to which finding a free packet id by scanning is cheaper than a bitmap.
+const SCAN_LIMIT: usize = 64;
 
 impl Inflight {
     /// Number of unacknowledged deliveries.
@@ -55,7 +61,17 @@ impl Inflight {
     /// Adds a delivery, sent now, with a fresh packet id (one not in use) and returns that id.
     pub fn push(&mut self, delivery: Delivery) -> u16 {
         debug_assert_eq!(self.unsent, 0, "resends go first");
+        if self.in_use.is_none() && self.entries.len() >= SCAN_LIMIT {
+            let mut bits = Box::new([0u64; 1024]);
+            for e in &self.entries {
+                set_bit(&mut bits, e.packet_id, true);
+            }
+            self.in_use = Some(bits);
+        }
         let id = self.free_id();
+        if let Some(bits) = self.in_use.as_mut() {
+            set_bit(bits, id, true);
+        }
         self.entries.push_back(Entry { packet_id: id, delivery, stage: Stage::Published, unsent: false });
         id
     }
@@ -67,7 +83,11 @@ impl Inflight {
                 continue;
             }
             let id = self.next_id;
-            if !self.entries.iter().any(|e| e.packet_id == id) {
+            let used = match &self.in_use {
+                Some(bits) => bits[usize::from(id) / 64] & (1 << (id % 64)) != 0,
+                None => self.entries.iter().any(|e| e.packet_id == id),
+            };
+            if !used {
                 return id;
             }
         }
@@ -83,6 +103,9 @@ impl Inflight {
             Some(i) => {
                 if self.entries.remove(i).is_some_and(|e| e.unsent) {
                     self.unsent -= 1;
+                }
+                if let Some(bits) = self.in_use.as_mut() {
+                    set_bit(bits, id, false);
                 }
                 true
             }
@@ -123,6 +146,15 @@ impl Inflight {
     }
 }
 
+fn set_bit(bits: &mut [u64; 1024], id: u16, on: bool) {
+    let (word, bit) = (usize::from(id) / 64, id % 64);
+    if on {
+        bits[word] |= 1 << bit;
+    } else {
+        bits[word] &= !(1 << bit);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +177,25 @@ mod tests {
         assert_eq!(w.push(delivery()), 1);
         w.next_id = 0;
         assert_eq!(w.push(delivery()), 2, "1 is in use");
+    }
+
+    #[test]
+    fn large_windows_never_reuse_an_id_in_use() {
+        let mut w = Inflight::default();
+        let ids: Vec<u16> = (0..1000).map(|_| w.push(delivery())).collect();
+        assert!(w.in_use.is_some(), "switched to the bitmap");
+        let mut seen = std::collections::HashSet::new();
+        assert!(ids.iter().all(|id| seen.insert(*id)));
+        // Free every other id, wrap around, and check new ids skip the ones still in use.
+        for id in ids.iter().step_by(2) {
+            assert!(w.complete(*id, Stage::Published));
+        }
+        w.next_id = 0;
+        for _ in 0..500 {
+            let id = w.push(delivery());
+            assert!(seen.insert(id) || ids.iter().step_by(2).any(|f| *f == id), "id {id} was in use");
+        }
+        assert_eq!(w.len(), 1000);
     }
 
     #[test]

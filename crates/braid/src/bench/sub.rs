@@ -1,0 +1,230 @@
+//! Subscribers: `braid bench sub`, and the `--sub N` subscribers of `braid bench pub`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_client::{Client, Event, Properties, QoS, SubscriptionOptions};
+use tokio::task::JoinSet;
+
+use super::args::SubArgs;
+use super::conn::{self, Conn, Stop};
+use super::payload::{self, Clock};
+use super::report::{self, Latency, Summary, Ticker};
+use super::spec::{render_topic, Vars};
+use super::stats::{self, Counter, LatencyBatch, SeqTracker, Stats};
+
+/// What one subscriber saw.
+#[derive(Default)]
+pub struct SubResult {
+    /// Per-publisher sequence state.
+    pub tracker: SeqTracker,
+    /// Messages without a stamp.
+    pub unstamped: u64,
+    /// Receive time of the first message (ns since the epoch; 0 = none).
+    pub first_ns: u64,
+    /// Receive time of the last message.
+    pub last_ns: u64,
+}
+
+/// QoS from 0..=2.
+pub fn qos(q: u8) -> QoS {
+    QoS::from_u8(q).unwrap_or(QoS::AtMostOnce)
+}
+
+/// Subscribes `client` to `filters` (templates rendered for this client) and counts the outcome.
+pub async fn subscribe(conn: &Conn, filters: &[String], q: u8, username: &str, stats: &Stats) -> bool {
+    let vars = Vars { seq: conn.seq, client_id: &conn.client_id, username };
+    let opts = SubscriptionOptions { qos: qos(q), ..Default::default() };
+    let list = filters.iter().map(|f| (render_topic(f, vars), opts)).collect();
+    match conn.client.subscribe(list, Properties::default()).await {
+        Ok(codes) if codes.iter().all(|c| !c.is_error()) => {
+            stats.inc(Counter::Sub);
+            true
+        }
+        Ok(codes) => {
+            stats.inc(Counter::SubFail);
+            eprintln!("client({}): subscribe refused: {codes:?}", conn.seq);
+            false
+        }
+        Err(e) => {
+            stats.inc(Counter::SubFail);
+            eprintln!("client({}): subscribe error - {e}", conn.seq);
+            false
+        }
+    }
+}
+
+/// Receives until the client is disconnected: counts, latency into `stats`, sequence tracking.
+pub async fn receive(client: Client, index: usize, stats: Arc<Stats>) -> SubResult {
+    let clock = Clock::global();
+    let mut lat = LatencyBatch::new(index);
+    let mut r = SubResult::default();
+    while let Some(ev) = client.recv().await {
+        match ev {
+            Event::Message(p) => {
+                let now = clock.now_ns();
+                stats.inc(Counter::Recv);
+                if r.first_ns == 0 {
+                    r.first_ns = now;
+                }
+                r.last_ns = now;
+                if let Some(stamp) = payload::parse(&p.payload) {
+                    r.tracker.observe(stamp.publisher, stamp.seq, stamp.seq_bits);
+                    if let Some(ns) = stamp.latency_ns(now) {
+                        lat.record(&stats, ns);
+                    }
+                } else if let Some(sent) = payload::parse_json_timestamp(&p.payload) {
+                    r.unstamped += 1;
+                    if let Some(ns) = now.checked_sub(sent) {
+                        lat.record(&stats, ns);
+                    }
+                } else {
+                    r.unstamped += 1;
+                }
+            }
+            Event::Disconnected(_) => stats.inc(Counter::Disconnected),
+            Event::Connected(_) => {}
+        }
+    }
+    lat.flush(&stats);
+    r
+}
+
+/// Running subscribers.
+pub struct Subscribers {
+    /// Their handles, to disconnect them.
+    pub clients: Vec<Client>,
+    tasks: JoinSet<SubResult>,
+    /// Seconds the connect phase took.
+    pub connect_secs: f64,
+}
+
+impl Subscribers {
+    /// Connects `count` subscribers, subscribes each to `filters` and starts receiving.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start(
+        common: &super::args::CommonArgs,
+        first_seq: u64,
+        count: u32,
+        filters: &[String],
+        q: u8,
+        receive_maximum: u16,
+        stats: &Arc<Stats>,
+        stop: &Stop,
+    ) -> Subscribers {
+        let connected =
+            conn::connect_many(common, "sub", first_seq, count, receive_maximum, u16::MAX, stats, stop).await;
+        let username = common.username.clone().unwrap_or_default();
+        let mut tasks = JoinSet::new();
+        let mut clients = Vec::with_capacity(connected.clients.len());
+        // Subscribe concurrently, a bounded number at a time.
+        let mut pending = JoinSet::new();
+        let gate = Arc::new(tokio::sync::Semaphore::new(common.max_connecting.max(1)));
+        for (index, c) in connected.clients.into_iter().enumerate() {
+            clients.push(c.client.clone());
+            let (filters, username, stats, gate) =
+                (filters.to_vec(), username.clone(), stats.clone(), gate.clone());
+            pending.spawn(async move {
+                let permit = gate.acquire_owned().await;
+                subscribe(&c, &filters, q, &username, &stats).await;
+                drop(permit);
+                (index, c.client)
+            });
+        }
+        while let Some(r) = pending.join_next().await {
+            if let Ok((index, client)) = r {
+                tasks.spawn(receive(client, index, stats.clone()));
+            }
+        }
+        Subscribers { clients, tasks, connect_secs: connected.secs }
+    }
+
+    /// Number of connected subscribers.
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Disconnects them and collects what each saw.
+    pub async fn finish(mut self) -> Vec<SubResult> {
+        conn::disconnect_all(self.clients.drain(..)).await;
+        let mut out = Vec::new();
+        while let Some(r) = self.tasks.join_next().await {
+            if let Ok(r) = r {
+                out.push(r);
+            }
+        }
+        out
+    }
+}
+
+/// Fills the receive side of a summary from the subscribers' results. `since_ns` is the start
+/// of the measured interval (publish start; or, when 0, the first message received).
+pub fn fill_receive(
+    s: &mut Summary,
+    results: &[SubResult],
+    stats: &Stats,
+    sent: Option<&[(u32, u64)]>,
+    since_ns: u64,
+) {
+    let d = stats::delivery(results.iter().map(|r| &r.tracker), sent);
+    s.lost = d.lost;
+    s.duplicates = d.duplicates;
+    s.out_of_order = d.out_of_order;
+    s.unstamped = results.iter().map(|r| r.unstamped).sum();
+    s.received = stats.get(Counter::Recv);
+    let first = results.iter().map(|r| r.first_ns).filter(|&t| t > 0).min().unwrap_or(0);
+    let last = results.iter().map(|r| r.last_ns).max().unwrap_or(0);
+    let since = if since_ns > 0 { since_ns } else { first };
+    s.recv_secs = if last > since { (last - since) as f64 / 1e9 } else { 0.0 };
+    s.recv_rate = report::rate(s.received, s.recv_secs);
+    s.latency_ns = Latency::of(&stats.latency());
+}
+
+/// `braid bench sub`
+pub async fn run(args: SubArgs) -> Summary {
+    let common = &args.common;
+    let stats = Arc::new(Stats::new());
+    let start = Instant::now();
+    let _ticker = Ticker::start(stats.clone(), start, common.json, common.quiet);
+    let stop = Stop::new();
+    stop.on_ctrl_c();
+    let subs = Subscribers::start(
+        common,
+        common.start_number as u64,
+        common.count,
+        &args.topics,
+        args.qos,
+        args.receive_maximum,
+        &stats,
+        &stop,
+    )
+    .await;
+    // --duration counts from the moment every subscription is in place.
+    stop.after(common.duration);
+    // Stop conditions other than time and Ctrl-C: -L and --idle-timeout.
+    let mut last = (0u64, Instant::now());
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            _ = stop.wait() => break,
+            _ = tick.tick() => {}
+        }
+        let recv = stats.get(Counter::Recv);
+        if args.limit > 0 && recv >= args.limit {
+            break;
+        }
+        if recv != last.0 {
+            last = (recv, Instant::now());
+        } else if args.idle_timeout > 0.0 && recv > 0 && last.1.elapsed().as_secs_f64() >= args.idle_timeout {
+            break;
+        }
+    }
+    let mut s = conn::base_summary("sub", common, &stats, subs.connect_secs);
+    s.subscribers = subs.len() as u64;
+    s.qos = args.qos;
+    s.receive_maximum = args.receive_maximum;
+    let results = subs.finish().await;
+    fill_receive(&mut s, &results, &stats, None, 0);
+    s.elapsed_secs = start.elapsed().as_secs_f64();
+    s
+}
