@@ -35,7 +35,7 @@ pub struct Inbound<'a> {
     /// An ack freed in-flight room or a subscription queued retained messages.
     transmit: bool,
     /// The acknowledgement of the last PUBLISH, while full subscriber queues hold it back.
-    held: Option<Held>,
+    held: Option<Box<Held>>,
 }
 
 impl<'a> Inbound<'a> {
@@ -189,7 +189,7 @@ impl<'a> Inbound<'a> {
             self.reply(&ack, out);
         } else {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
-            self.held = Some(Held { ack, sessions: held, since: Instant::now() });
+            self.held = Some(Box::new(Held { ack, sessions: held, since: Instant::now() }));
         }
         Flow::Continue
     }

@@ -17,6 +17,7 @@ use braid_proto::{
 };
 
 use crate::broker::{Accepted, Broker, Ending};
+use crate::control::ConnControl;
 use crate::metrics::Metrics;
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
@@ -35,10 +36,14 @@ where
 {
     let mut rbuf = ReadBuffer::default();
     let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
-    let first = tokio::select! {
-        first = tokio::time::timeout(timeout, read_connect(&mut rd, &mut rbuf, &broker)) => first,
-        _ = broker.shutdown.cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
-    };
+    // Boxed: the connect phase is short, and its timers should not stay in every task.
+    let first = Box::pin(async {
+        tokio::select! {
+            first = tokio::time::timeout(timeout, read_connect(&mut rd, &mut rbuf, &broker)) => first,
+            _ = broker.shutdown.cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
+        }
+    })
+    .await;
     let connect = match first {
         Err(_) => {
             info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
@@ -47,7 +52,7 @@ where
         Ok(Err(FirstPacket::Eof)) => return,
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing connection: {why}");
-            refuse(&mut wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion).await;
+            Box::pin(refuse(&mut wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)).await;
             return;
         }
         Ok(Err(FirstPacket::Close(why))) => {
@@ -61,7 +66,7 @@ where
         Ok(a) => a,
         Err(reason) => {
             info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {}", reason.description());
-            refuse(&mut wr, version, reason).await;
+            Box::pin(refuse(&mut wr, version, reason)).await;
             return;
         }
     };
@@ -72,16 +77,57 @@ where
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
     let mut conn = Connection { broker: &broker, a: &accepted, version, peer, out, written: 0 };
     let ending = conn.run(&mut rd, &mut wr, rbuf).await;
-    conn.close(&mut wr).await;
+    // Boxed like the connect phase: only the closing moment needs its timer.
+    Box::pin(conn.close(&mut wr)).await;
     debug!(%peer, %client_id, ?ending, "client disconnected");
     broker.disconnected(&accepted.session, accepted.generation, ending);
 }
 
-/// Waits for the held acknowledgement when there is one. The wait is boxed so that the many
-/// connections that are never held do not carry its state.
+/// What woke a connection.
+enum Event {
+    /// Its control block: deliveries are ready, or it must close.
+    Woken,
+    /// A write completed (0 bytes or an error ends the connection).
+    Wrote(std::io::Result<usize>),
+    /// The held acknowledgement may go out.
+    Released(Packet),
+    /// A read completed (0 bytes is end of stream).
+    Read(std::io::Result<usize>),
+}
+
+/// Waits while there is nothing to write and nothing held: for bytes or a wake-up.
+async fn wait_idle<R: AsyncRead + Unpin>(ctl: &ConnControl, rbuf: &mut ReadBuffer, rd: &mut R) -> Event {
+    tokio::select! {
+        biased;
+        _ = ctl.woken() => Event::Woken,
+        read = rbuf.read_from(rd) => Event::Read(read),
+    }
+}
+
+/// Waits for a wake-up, write progress, the held acknowledgement, or (when not held) bytes.
+/// While held, nothing is read from the client: that is the backpressure.
+async fn wait_busy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    ctl: &ConnControl,
+    wr: &mut W,
+    pending: &[u8],
+    held: bool,
+    inbound: &mut Inbound<'_>,
+    rbuf: &mut ReadBuffer,
+    rd: &mut R,
+) -> Event {
+    tokio::select! {
+        biased;
+        _ = ctl.woken() => Event::Woken,
+        written = wr.write(pending), if !pending.is_empty() => Event::Wrote(written),
+        ack = release_if_held(held, inbound) => Event::Released(ack),
+        read = rbuf.read_from(rd), if !held => Event::Read(read),
+    }
+}
+
+/// Waits for the held acknowledgement when there is one.
 async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Packet {
     if held {
-        Box::pin(inbound.release_held()).await
+        inbound.release_held().await
     } else {
         std::future::pending().await
     }
@@ -196,49 +242,47 @@ impl Connection<'_> {
                 a.ctl.set_held(held, broker.now_ms());
                 was_held = held;
             }
-            tokio::select! {
-                biased;
-                _ = a.ctl.woken() => {
-                    if a.ctl.is_closed() {
-                        let reason = a.ctl.reason();
-                        if reason == ReasonCode::KeepAliveTimeout {
-                            info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
-                        }
-                        return match reason {
-                            ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
-                            _ => Ending::WithWill,
-                        };
+            // Most connections are idle most of the time: they wait on a small future. The full
+            // wait (writing, held acknowledgements) lives in a box only while it is needed, so
+            // an idle connection's task stays small.
+            let event = if !held && self.out.is_empty() {
+                wait_idle(&a.ctl, &mut rbuf, rd).await
+            } else {
+                Box::pin(wait_busy(&a.ctl, wr, &self.out[self.written..], held, &mut inbound, &mut rbuf, rd))
+                    .await
+            };
+            match event {
+                Event::Woken if a.ctl.is_closed() => {
+                    let reason = a.ctl.reason();
+                    if reason == ReasonCode::KeepAliveTimeout {
+                        info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
                     }
-                    transmit = true;
+                    return match reason {
+                        ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
+                        _ => Ending::WithWill,
+                    };
                 }
-                written = wr.write(&self.out[self.written..]), if !self.out.is_empty() => match written {
-                    Ok(n) if n > 0 => {
-                        Metrics::add(&broker.metrics.bytes_sent, n as u64);
-                        self.written += n;
-                        if self.written == self.out.len() {
-                            self.written = 0;
-                            self.out.clear();
-                            if self.out.capacity() > KEEP_WRITE_CAPACITY {
-                                self.out = BytesMut::new();
-                            }
+                Event::Woken => transmit = true,
+                Event::Wrote(Ok(n)) if n > 0 => {
+                    Metrics::add(&broker.metrics.bytes_sent, n as u64);
+                    self.written += n;
+                    if self.written == self.out.len() {
+                        self.written = 0;
+                        self.out.clear();
+                        if self.out.capacity() > KEEP_WRITE_CAPACITY {
+                            self.out = BytesMut::new();
                         }
                     }
-                    _ => {
-                        a.ctl.close(ReasonCode::Success);
-                        return Ending::WithWill;
-                    }
-                },
-                ack = release_if_held(held, &mut inbound) => inbound.reply(&ack, &mut self.out),
-                read = rbuf.read_from(rd), if !held => match read {
-                    Ok(0) | Err(_) => {
-                        a.ctl.close(ReasonCode::Success);
-                        return Ending::WithWill;
-                    }
-                    Ok(n) => {
-                        a.ctl.touch(broker.now_ms());
-                        Metrics::add(&broker.metrics.bytes_received, n as u64);
-                    }
-                },
+                }
+                Event::Released(ack) => inbound.reply(&ack, &mut self.out),
+                Event::Read(Ok(n)) if n > 0 => {
+                    a.ctl.touch(broker.now_ms());
+                    Metrics::add(&broker.metrics.bytes_received, n as u64);
+                }
+                Event::Wrote(_) | Event::Read(_) => {
+                    a.ctl.close(ReasonCode::Success);
+                    return Ending::WithWill;
+                }
             }
         }
     }
