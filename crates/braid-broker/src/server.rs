@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
@@ -14,6 +15,33 @@ use braid_proto::ReasonCode;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::{connection, sys};
+
+/// A server running in a task of the current runtime, for programs and tests that embed Braid.
+/// Dropping it shuts the broker down.
+#[derive(Debug)]
+pub struct Running {
+    /// Where the MQTT/TCP listener is bound.
+    pub addr: SocketAddr,
+    /// The shared broker state (config, metrics, shutdown token).
+    pub broker: Arc<Broker>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Shuts the broker down (v5 clients get DISCONNECT 0x8B) and waits until it has stopped.
+    pub async fn shutdown(&mut self) {
+        self.broker.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.broker.shutdown.cancel();
+    }
+}
 
 /// A broker bound to its listeners, ready to run.
 pub struct Server {
@@ -29,6 +57,14 @@ impl Server {
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
         Ok(Server { broker: Broker::new(config), tcp })
+    }
+
+    /// Binds `config` and runs the server in a task of the current runtime.
+    pub async fn spawn(config: Config) -> io::Result<Running> {
+        let server = Server::bind(config).await?;
+        let (addr, broker) = (server.local_addr(), server.broker().clone());
+        let task = tokio::spawn(server.run());
+        Ok(Running { addr, broker, task: Some(task) })
     }
 
     /// The address the MQTT/TCP listener is bound to.

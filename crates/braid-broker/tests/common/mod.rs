@@ -5,14 +5,13 @@
 #![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
 
-use braid_broker::{Broker, Config, Server};
+use braid_broker::server::Running;
+use braid_broker::{Config, Server};
 pub use braid_proto::{
     decode, encode, Ack, ByteString, Bytes, BytesMut, ConnAck, Connect, Disconnect, LastWill, Packet,
     Properties, ProtocolVersion, Publish, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
@@ -34,22 +33,12 @@ pub fn test_config() -> Config {
     config
 }
 
-/// A broker running on the test's runtime.
-pub struct TestBroker {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    /// Its shared state (config, metrics, shutdown token).
-    pub broker: Arc<Broker>,
-    run: Option<JoinHandle<()>>,
-}
+/// A broker running on the test's runtime (shut down when dropped).
+pub type TestBroker = Running;
 
 /// Binds `config` (its listener should be `127.0.0.1:0`) and runs the server in a task.
 pub async fn start(config: Config) -> TestBroker {
-    let server = Server::bind(config).await.expect("bind test broker");
-    let addr = server.local_addr();
-    let broker = server.broker().clone();
-    let run = tokio::spawn(server.run());
-    TestBroker { addr, broker, run: Some(run) }
+    Server::spawn(config).await.expect("bind test broker")
 }
 
 /// [`start`] with [`test_config`].
@@ -57,28 +46,15 @@ pub async fn start_default() -> TestBroker {
     start(test_config()).await
 }
 
-impl TestBroker {
-    /// Cancels the shutdown token and waits (bounded) for `Server::run` to return.
-    pub async fn shutdown(&mut self) {
-        self.broker.shutdown.cancel();
-        if let Some(run) = self.run.take() {
-            tokio::time::timeout(WAIT, run)
-                .await
-                .expect("Server::run returns after shutdown")
-                .expect("Server::run does not panic");
-        }
-    }
-
+/// Counters the tests read.
+pub trait Counters {
     /// The `messages_dropped` counter.
-    pub fn dropped(&self) -> u64 {
-        braid_broker::metrics::Metrics::get(&self.broker.metrics.messages_dropped)
-    }
+    fn dropped(&self) -> u64;
 }
 
-impl Drop for TestBroker {
-    fn drop(&mut self) {
-        // Stop the accept loop and every connection task of this broker.
-        self.broker.shutdown.cancel();
+impl Counters for TestBroker {
+    fn dropped(&self) -> u64 {
+        braid_broker::metrics::Metrics::get(&self.broker.metrics.messages_dropped)
     }
 }
 

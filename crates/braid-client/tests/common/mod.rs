@@ -6,14 +6,13 @@
 #![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 
-use braid_broker::{Broker, Config, Server};
+use braid_broker::server::Running;
+use braid_broker::{Config, Server};
 pub use braid_client::{
     Bytes, Client, ClientOptions, Connected, Error, Event, Message, Properties, ProtocolVersion, Publish,
     QoS, ReasonCode, Reconnect, RetainHandling, SubscriptionOptions, Will,
@@ -38,19 +37,11 @@ pub fn test_config() -> Config {
 }
 
 /// A broker running on the test's runtime; shut down when dropped.
-pub struct TestBroker {
-    pub addr: SocketAddr,
-    pub broker: Arc<Broker>,
-    run: Option<JoinHandle<()>>,
-}
+pub type TestBroker = Running;
 
 /// Binds `config` and runs the server in a task.
 pub async fn start(config: Config) -> TestBroker {
-    let server = Server::bind(config).await.expect("bind test broker");
-    let addr = server.local_addr();
-    let broker = server.broker().clone();
-    let run = tokio::spawn(server.run());
-    TestBroker { addr, broker, run: Some(run) }
+    Server::spawn(config).await.expect("bind test broker")
 }
 
 /// [`start`] with [`test_config`].
@@ -58,37 +49,30 @@ pub async fn start_default() -> TestBroker {
     start(test_config()).await
 }
 
-impl TestBroker {
-    /// Shuts the broker down and waits for it (v5 clients get DISCONNECT 0x8B).
-    pub async fn shutdown(&mut self) {
-        self.broker.shutdown.cancel();
-        if let Some(run) = self.run.take() {
-            tokio::time::timeout(WAIT, run).await.expect("broker shuts down").expect("no panic");
-        }
-    }
-
+/// What the client tests ask of their broker.
+pub trait TestBrokerExt {
     /// PUBLISH packets the broker has sent to clients so far.
-    pub fn messages_sent(&self) -> u64 {
+    fn messages_sent(&self) -> u64;
+    /// Client options for this broker.
+    fn options(&self, version: ProtocolVersion, client_id: &str) -> ClientOptions;
+    /// Connects a client with [`TestBrokerExt::options`].
+    async fn client(&self, version: ProtocolVersion, client_id: &str) -> Client;
+}
+
+impl TestBrokerExt for TestBroker {
+    fn messages_sent(&self) -> u64 {
         braid_broker::metrics::Metrics::get(&self.broker.metrics.messages_sent)
     }
 
-    /// Client options for this broker.
-    pub fn options(&self, version: ProtocolVersion, client_id: &str) -> ClientOptions {
+    fn options(&self, version: ProtocolVersion, client_id: &str) -> ClientOptions {
         let mut o = ClientOptions::new(self.addr.ip().to_string(), self.addr.port());
         o.version = version;
         o.client_id = client_id.into();
         o
     }
 
-    /// Connects a client with [`TestBroker::options`].
-    pub async fn client(&self, version: ProtocolVersion, client_id: &str) -> Client {
+    async fn client(&self, version: ProtocolVersion, client_id: &str) -> Client {
         connect(self.options(version, client_id)).await.0
-    }
-}
-
-impl Drop for TestBroker {
-    fn drop(&mut self) {
-        self.broker.shutdown.cancel();
     }
 }
 
