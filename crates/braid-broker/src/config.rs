@@ -222,6 +222,15 @@ impl Config {
         Ok(config)
     }
 
+    /// Defaults for a broker embedded in a program or a test: MQTT on a free loopback port
+    /// (see `Running::addr`), no `$SYS` traffic.
+    pub fn embedded() -> Config {
+        let mut config = Config::default();
+        config.listeners.tcp = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.sys.interval_secs = 0;
+        config
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |key: &str, problem: &str| Err(ConfigError(format!("{key}: {problem}")));
         if self.mqtt.max_qos > 2 {

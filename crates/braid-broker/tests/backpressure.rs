@@ -39,7 +39,7 @@ async fn publish_batch(addr: std::net::SocketAddr, id: String, topic: String, n:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fan_in_overload_holds_publishers_and_loses_nothing_acknowledged() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.session.max_queued_messages = 20;
     let b = start(config).await;
     let mut sub = subscriber(b.addr, "bp-sub", "bp/#", 10).await;
@@ -72,7 +72,7 @@ async fn stalled_subscriber(addr: std::net::SocketAddr, id: &str, filter: &str) 
 }
 
 async fn received_after_drop_policy(policy: OverflowPolicy) -> (Vec<String>, u64) {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.session.max_queued_messages = 5;
     config.session.queue_overflow = policy;
     let b = start(config).await;
@@ -114,7 +114,7 @@ async fn drop_oldest_counts_exactly_what_went_missing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_consumer_is_disconnected_with_0x97_and_the_others_go_on() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.session.max_queued_messages = 5;
     config.session.slow_consumer_timeout_secs = 1;
     let b = start(config).await;

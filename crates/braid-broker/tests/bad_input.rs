@@ -49,7 +49,7 @@ async fn publish_with_wildcard_topic_closes_only_that_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn packet_over_max_packet_size_gets_0x95() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.mqtt.max_packet_size = 1024;
     let b = start(config).await;
     let mut canary = Canary::new(b.addr, "big").await;

@@ -9,7 +9,7 @@ use common::*;
 /// Queues 10 QoS 1 messages for an offline session limited to 3 and returns the payloads it
 /// receives on resume, with the broker's drop count.
 async fn queue_ten(policy: OverflowPolicy, version: ProtocolVersion) -> (Vec<String>, u64) {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.session.max_queued_messages = 3;
     config.session.queue_overflow = policy;
     let b = start(config).await;

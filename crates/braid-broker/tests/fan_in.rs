@@ -33,7 +33,7 @@ async fn run_publisher(addr: std::net::SocketAddr, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_publishers_to_one_subscriber_exactly_once_in_order() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.session.max_queued_messages = 100_000;
     let b = start(config).await;
     let (mut sub, _) = TestClient::connect_ok(b.addr, V311, connect_packet("fan-sub", true)).await;

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 
 fn config_with_receive_maximum(n: u16) -> braid_broker::Config {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.mqtt.receive_maximum = n;
     config
 }

@@ -86,7 +86,7 @@ async fn slowly_arriving_large_publish_keeps_the_client_alive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_keep_alive_is_sent_when_the_client_asks_for_none_or_too_much() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.mqtt.max_keep_alive = 5;
     let b = start(config).await;
 
@@ -103,7 +103,7 @@ async fn server_keep_alive_is_sent_when_the_client_asks_for_none_or_too_much() {
 /// The granted Server Keep Alive is the one enforced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_keep_alive_is_enforced() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.mqtt.max_keep_alive = 1;
     let b = start(config).await;
     let (mut c, ack) = TestClient::connect_ok(b.addr, V5, with_keep_alive("ka-enf", 0)).await;

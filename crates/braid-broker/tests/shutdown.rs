@@ -28,7 +28,7 @@ async fn shutdown_disconnects_v5_with_0x8b_and_closes_v311() {
 /// shutdown it is closed, not left open until `mqtt.connect_timeout_secs` runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_sockets_still_waiting_for_connect() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.mqtt.connect_timeout_secs = 30;
     let mut b = start(config).await;
     let mut silent = TestClient::open(b.addr, V5).await;

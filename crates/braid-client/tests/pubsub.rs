@@ -287,7 +287,7 @@ async fn assigned_client_identifier_is_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_keep_alive_is_honoured() {
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.mqtt.max_keep_alive = 1;
     let b = start(config).await;
     let mut o = b.options(V5, "ka");

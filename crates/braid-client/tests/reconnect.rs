@@ -75,7 +75,7 @@ async fn restarted_server_gets_the_subscriptions_again_and_the_publishes_made_of
         within(c.publish(Message::new("restart/own", "q0 offline", QoS::AtMostOnce))).await.unwrap();
     within(offline_q0.acked()).await.unwrap();
 
-    let mut config = test_config();
+    let mut config = Config::embedded();
     config.listeners.tcp = addr;
     let b2 = start(config).await;
     let back = expect_connected(&c).await;

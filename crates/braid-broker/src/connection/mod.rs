@@ -172,10 +172,20 @@ async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, rea
         ..Default::default()
     });
     let ack = ConnAck { session_present: false, reason, properties };
-    if encode(&Packet::ConnAck(ack), version, &mut buf).is_ok() {
-        let _ = tokio::time::timeout(Duration::from_secs(1), wr.write_all(&buf)).await;
-    }
-    let _ = wr.shutdown().await;
+    let _ = encode(&Packet::ConnAck(ack), version, &mut buf);
+    write_and_close(wr, &buf).await;
+}
+
+/// Writes the last bytes of a connection and shuts it down, giving up after one second (a
+/// client that does not read must not keep the task alive).
+async fn write_and_close<W: AsyncWrite + Unpin>(wr: &mut W, last: &[u8]) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        if !last.is_empty() {
+            wr.write_all(last).await?;
+        }
+        wr.shutdown().await
+    })
+    .await;
 }
 
 /// An accepted connection.
@@ -322,13 +332,6 @@ impl Connection<'_> {
             let d = Disconnect { reason, properties };
             let _ = encode(&Packet::Disconnect(d), self.version, &mut self.out);
         }
-        let out = &self.out[self.written..];
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            if !out.is_empty() {
-                wr.write_all(out).await?;
-            }
-            wr.shutdown().await
-        })
-        .await;
+        write_and_close(wr, &self.out[self.written..]).await;
     }
 }

@@ -138,13 +138,11 @@ impl Queue {
     }
 
     /// Drops every queued QoS 0 delivery (a client went offline and QoS 0 is not kept).
-    pub fn drop_qos0(&mut self) -> usize {
-        let before = self.items.len();
+    pub fn drop_qos0(&mut self) {
         if !self.limits.queue_qos0 {
             self.items.retain(|d| d.qos != QoS::AtMostOnce);
             self.bytes = self.items.iter().map(size).sum();
         }
-        before - self.items.len()
     }
 }
 

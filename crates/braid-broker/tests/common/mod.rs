@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use braid_broker::server::Running;
-use braid_broker::{Config, Server};
+pub use braid_broker::{Config, Server};
 pub use braid_proto::{
     decode, encode, Ack, ByteString, Bytes, BytesMut, ConnAck, Connect, Disconnect, LastWill, Packet,
     Properties, ProtocolVersion, Publish, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
@@ -25,14 +25,6 @@ pub const QUIET: Duration = Duration::from_millis(300);
 pub const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
 pub const V5: ProtocolVersion = ProtocolVersion::V5;
 
-/// A configuration for tests: ephemeral port on loopback, no `$SYS` traffic.
-pub fn test_config() -> Config {
-    let mut config = Config::default();
-    config.listeners.tcp = "127.0.0.1:0".parse().unwrap();
-    config.sys.interval_secs = 0;
-    config
-}
-
 /// A broker running on the test's runtime (shut down when dropped).
 pub type TestBroker = Running;
 
@@ -41,9 +33,9 @@ pub async fn start(config: Config) -> TestBroker {
     Server::spawn(config).await.expect("bind test broker")
 }
 
-/// [`start`] with [`test_config`].
+/// [`start`] with [`Config::embedded`].
 pub async fn start_default() -> TestBroker {
-    start(test_config()).await
+    start(Config::embedded()).await
 }
 
 /// Counters the tests read.

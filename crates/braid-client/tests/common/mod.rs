@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use braid_broker::server::Running;
-use braid_broker::{Config, Server};
+pub use braid_broker::{Config, Server};
 pub use braid_client::{
     Bytes, Client, ClientOptions, Connected, Error, Event, Message, Properties, ProtocolVersion, Publish,
     QoS, ReasonCode, Reconnect, RetainHandling, SubscriptionOptions, Will,
@@ -28,14 +28,6 @@ pub const V31: ProtocolVersion = ProtocolVersion::V3_1;
 pub const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
 pub const V5: ProtocolVersion = ProtocolVersion::V5;
 
-/// Broker configuration for tests: ephemeral loopback port, no `$SYS` traffic.
-pub fn test_config() -> Config {
-    let mut config = Config::default();
-    config.listeners.tcp = "127.0.0.1:0".parse().unwrap();
-    config.sys.interval_secs = 0;
-    config
-}
-
 /// A broker running on the test's runtime; shut down when dropped.
 pub type TestBroker = Running;
 
@@ -44,9 +36,9 @@ pub async fn start(config: Config) -> TestBroker {
     Server::spawn(config).await.expect("bind test broker")
 }
 
-/// [`start`] with [`test_config`].
+/// [`start`] with [`Config::embedded`].
 pub async fn start_default() -> TestBroker {
-    start(test_config()).await
+    start(Config::embedded()).await
 }
 
 /// What the client tests ask of their broker.
