@@ -80,20 +80,20 @@ def start(cmd, port):
     raise RuntimeError(f"{cmd[0]} did not start")
 
 
-def measure(name, cmd, port, n):
+def measure(name, cmd, port, n, settle):
     proc = start(cmd, port)
     time.sleep(0.3)
     base = rss_kib(proc.pid)
-    keep, secs = asyncio.run(hold(port, n, proc))
+    keep, secs = asyncio.run(hold(port, n, proc, settle))
     rss = keep
     proc.terminate()
     proc.wait(5)
     return {"broker": name, "base_kib": base, "rss_kib": rss, "secs": secs}
 
 
-async def hold(port, n, proc):
+async def hold(port, n, proc, settle):
     keep, secs = await run_clients(port, n)
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(settle)
     rss = rss_kib(proc.pid)
     for w in keep:
         w.close()
@@ -104,6 +104,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--connections", type=int, default=10000)
     ap.add_argument("--braid", default=os.path.join(ROOT, "target", "release", "braid"))
+    ap.add_argument("--settle", type=float, default=8.0,
+                    help="seconds the connections stay idle before RSS is read (Braid parks idle "
+                         "connections after listeners.park_after_secs, default 5)")
     args = ap.parse_args()
     raise_nofile()
     n = args.connections
@@ -112,9 +115,10 @@ def main():
     conf = tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False)
     conf.write(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
     conf.close()
-    results.append(measure("mosquitto", ["mosquitto", "-c", conf.name], port, n))
+    results.append(measure("mosquitto", ["mosquitto", "-c", conf.name], port, n, args.settle))
     port = free_port()
-    results.append(measure("braid", [args.braid, "serve", "--listen", f"127.0.0.1:{port}"], port, n))
+    results.append(measure("braid", [args.braid, "serve", "--listen", f"127.0.0.1:{port}"], port, n, args.settle))
+    print(f"RSS read after the connections were idle for {args.settle:g} s.")
     print(f"| broker | idle connections | RSS before | RSS with connections | per connection | connects/s |")
     print(f"| --- | --- | --- | --- | --- | --- |")
     for r in results:

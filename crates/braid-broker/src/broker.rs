@@ -432,13 +432,18 @@ impl Broker {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Closes every connection that has been silent for 1.5 times its keep alive. One sweep
-    /// over the sessions replaces a timer per connection (see [`crate::server`]).
-    pub fn expire_silent(&self) {
+    /// Closes every connection that has been silent for 1.5 times its keep alive, and asks
+    /// those idle for `listeners.park_after_secs` to park. One sweep over the sessions
+    /// replaces a timer per connection (see [`crate::server`]).
+    pub fn sweep_connections(&self) {
         let now = self.now_ms();
+        let park_after = self.config.listeners.park_after_secs.saturating_mul(1000);
         for s in self.sessions.lock().values() {
             if let Some(link) = &s.lock().link {
                 link.ctl.expire_if_silent(now);
+                if park_after > 0 {
+                    link.ctl.request_park_if_idle(now, park_after);
+                }
             }
         }
     }

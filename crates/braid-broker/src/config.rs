@@ -33,11 +33,14 @@ pub struct Config {
 pub struct Listeners {
     /// MQTT over TCP.
     pub tcp: SocketAddr,
+    /// Seconds of silence (both ways) after which a plain-TCP connection parks: it gives up its
+    /// task and buffers until bytes, a delivery or a close arrive. 0 = never.
+    pub park_after_secs: u64,
 }
 
 impl Default for Listeners {
     fn default() -> Self {
-        Listeners { tcp: SocketAddr::from(([0, 0, 0, 0], 1883)) }
+        Listeners { tcp: SocketAddr::from(([0, 0, 0, 0], 1883)), park_after_secs: 5 }
     }
 }
 

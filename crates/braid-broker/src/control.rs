@@ -1,15 +1,22 @@
 //! The handle through which anything outside a connection's task reaches it: a wake-up when
-//! deliveries are ready, a close request (takeover, shutdown, eviction, keep-alive expiry), and
-//! the activity clock the keep-alive sweeper reads. One small struct, so an idle connection
-//! waits on a single notification.
+//! deliveries are ready, a close request (takeover, shutdown, eviction, keep-alive expiry), the
+//! activity clocks the broker's sweeper reads, and the parking state of an idle connection
+//! (see [`crate::park`]). One small struct, so an idle connection waits on a single
+//! notification, or on nothing at all once parked.
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use braid_proto::ReasonCode;
+
+use crate::park::ParkingLot;
+
+/// `parked` when the connection has a task.
+const NOT_PARKED: usize = usize::MAX;
 
 /// Why a connection closes: the reason code and a human-readable detail, sent to v5 clients as
 /// DISCONNECT's Reason String.
@@ -21,13 +28,23 @@ pub type CloseReason = (ReasonCode, Cow<'static, str>);
 pub struct ConnControl {
     notify: Notify,
     closed: AtomicBool,
-    reason: Mutex<Option<CloseReason>>,
+    reason: Mutex<Option<Box<CloseReason>>>,
     /// Milliseconds (on the broker's clock) when bytes last arrived.
     last_activity_ms: AtomicU64,
+    /// Milliseconds when bytes last arrived or were written.
+    last_io_ms: AtomicU64,
     /// Silence allowed before the keep alive expires (1.5 x keep alive); 0 = no keep alive.
     grace_ms: u64,
     /// The connection is held by backpressure: its silence is not the client's fault.
     held: AtomicBool,
+    /// Set by every [`ConnControl::wake`]; cleared by the task when it looks for work.
+    woken: AtomicBool,
+    /// The sweeper asked the task to park if it is idle.
+    park_requested: AtomicBool,
+    /// The parking lot's key while parked, else `NOT_PARKED`.
+    parked: AtomicUsize,
+    /// Where the connection parks; set once its transport can park.
+    lot: OnceLock<Arc<ParkingLot>>,
 }
 
 impl ConnControl {
@@ -39,14 +56,89 @@ impl ConnControl {
             closed: AtomicBool::new(false),
             reason: Mutex::new(None),
             last_activity_ms: AtomicU64::new(now_ms),
+            last_io_ms: AtomicU64::new(now_ms),
             grace_ms: u64::from(keep_alive_secs) * 1500,
             held: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            park_requested: AtomicBool::new(false),
+            parked: AtomicUsize::new(NOT_PARKED),
+            lot: OnceLock::new(),
         }
     }
 
-    /// Wakes the connection: deliveries are ready (a wake before it waits is not lost).
+    /// Wakes the connection: deliveries are ready (a wake before it waits is not lost). A
+    /// parked connection gets its task back.
     pub fn wake(&self) {
+        self.woken.store(true, Ordering::SeqCst);
         self.notify.notify_one();
+        self.unpark();
+    }
+
+    /// Clears the wake flag before the task looks for work, so that a wake arriving after the
+    /// look is seen by [`ConnControl::parked_at`].
+    pub fn clear_woken(&self) {
+        self.woken.store(false, Ordering::SeqCst);
+    }
+
+    /// Lets this connection park in `lot` when idle.
+    pub fn allow_parking(&self, lot: &Arc<ParkingLot>) {
+        let _ = self.lot.set(lot.clone());
+    }
+
+    /// The lot this connection parks in, if its transport can park.
+    pub fn lot(&self) -> Option<&Arc<ParkingLot>> {
+        self.lot.get()
+    }
+
+    /// Asks an idle connection's task to park: it has been silent both ways for
+    /// `after_ms` (and is not held, closing or parked already).
+    pub fn request_park_if_idle(&self, now_ms: u64, after_ms: u64) {
+        if self.lot.get().is_none()
+            || self.parked.load(Ordering::Relaxed) != NOT_PARKED
+            || self.held.load(Ordering::Relaxed)
+            || self.is_closed()
+            || now_ms.saturating_sub(self.last_io_ms.load(Ordering::Relaxed)) < after_ms
+        {
+            return;
+        }
+        if !self.park_requested.swap(true, Ordering::Relaxed) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// True (once) if the sweeper asked this connection to park.
+    pub fn take_park_request(&self) -> bool {
+        self.park_requested.swap(false, Ordering::Relaxed)
+    }
+
+    /// Records that the connection is parked under `key`.
+    pub fn set_parked(&self, key: usize) {
+        self.parked.store(key, Ordering::SeqCst);
+    }
+
+    /// Takes back a park that failed; false if a waker already claimed it.
+    pub fn clear_parked(&self, key: usize) -> bool {
+        self.parked.compare_exchange(key, NOT_PARKED, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// Unparks the connection if a wake came since the task last looked for work.
+    pub fn unpark_if_woken(&self) {
+        if self.woken.load(Ordering::SeqCst) {
+            self.unpark();
+        }
+    }
+
+    /// Gives a parked connection its task back (once, whoever calls).
+    pub fn unpark(&self) {
+        let key = self.parked.load(Ordering::SeqCst);
+        if key == NOT_PARKED {
+            return;
+        }
+        if self.clear_parked(key) {
+            if let Some(lot) = self.lot.get() {
+                lot.unpark(key);
+            }
+        }
     }
 
     /// Waits for [`ConnControl::wake`] or a close.
@@ -61,9 +153,9 @@ impl ConnControl {
 
     /// Asks the connection to close with `reason`, explained by `detail`.
     pub fn close_because(&self, reason: ReasonCode, detail: impl Into<Cow<'static, str>>) {
-        self.reason.lock().get_or_insert_with(|| (reason, detail.into()));
+        self.reason.lock().get_or_insert_with(|| Box::new((reason, detail.into())));
         self.closed.store(true, Ordering::Release);
-        self.notify.notify_one();
+        self.wake();
     }
 
     /// True once a close was asked for.
@@ -79,12 +171,20 @@ impl ConnControl {
     /// Why the connection closes, with its detail.
     pub fn reason_with_detail(&self) -> CloseReason {
         let r = self.reason.lock();
-        r.clone().unwrap_or((ReasonCode::ServerShuttingDown, Cow::Borrowed("server shutting down")))
+        r.as_deref()
+            .cloned()
+            .unwrap_or((ReasonCode::ServerShuttingDown, Cow::Borrowed("server shutting down")))
     }
 
     /// Bytes arrived at `now_ms`.
     pub fn touch(&self, now_ms: u64) {
         self.last_activity_ms.store(now_ms, Ordering::Relaxed);
+        self.last_io_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Bytes were written at `now_ms`.
+    pub fn wrote(&self, now_ms: u64) {
+        self.last_io_ms.store(now_ms, Ordering::Relaxed);
     }
 
     /// Marks the connection as held by backpressure (or no longer, at `now_ms`).

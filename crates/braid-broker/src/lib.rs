@@ -12,6 +12,7 @@ pub mod connection;
 pub mod control;
 pub mod message;
 pub mod metrics;
+pub mod park;
 pub mod retained;
 pub mod router;
 pub mod server;

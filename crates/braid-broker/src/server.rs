@@ -14,6 +14,7 @@ use braid_proto::ReasonCode;
 
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::park::ParkingLot;
 use crate::{connection, sys};
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
@@ -82,17 +83,26 @@ impl Server {
     pub async fn run(self) {
         info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
         tokio::spawn(sys::run(self.broker.clone()));
-        tokio::spawn(sweep_keep_alive(self.broker.clone()));
+        tokio::spawn(sweep_connections(self.broker.clone()));
         let shutdown = self.broker.shutdown.clone();
         let connections = TaskTracker::new();
+        let lot = match self.broker.config.listeners.park_after_secs {
+            0 => None,
+            _ => match ParkingLot::start(&self.broker, connections.clone()) {
+                Ok(lot) => Some(lot),
+                Err(e) => {
+                    warn!("idle connections will not park: cannot start the parking lot: {e}");
+                    None
+                }
+            },
+        };
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 accepted = self.tcp.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        let (rd, wr) = stream.into_split();
-                        connections.spawn(connection::serve(self.broker.clone(), rd, wr, peer));
+                        connections.spawn(connection::tcp::serve(self.broker.clone(), stream, peer, lot.clone()));
                     }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -107,19 +117,22 @@ impl Server {
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;
+        if let Some(lot) = lot {
+            lot.stop();
+        }
     }
 }
 
 /// How often silent connections are looked for: a client is closed between 1.5 times its keep
-/// alive and that plus this.
+/// alive and that plus this (and an idle one parked within this of `park_after_secs`).
 const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
 
-async fn sweep_keep_alive(broker: Arc<Broker>) {
+async fn sweep_connections(broker: Arc<Broker>) {
     let mut tick = tokio::time::interval(KEEP_ALIVE_SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => broker.expire_silent(),
+            _ = tick.tick() => broker.sweep_connections(),
             _ = broker.shutdown.cancelled() => return,
         }
     }

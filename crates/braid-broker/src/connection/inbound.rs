@@ -39,9 +39,20 @@ pub struct Inbound<'a> {
 }
 
 impl<'a> Inbound<'a> {
-    /// State for a connection that has just been accepted.
-    pub fn new(broker: &'a Arc<Broker>, session: &'a Arc<Session>, version: ProtocolVersion) -> Self {
-        Inbound { broker, session, version, aliases: HashMap::new(), transmit: false, held: None }
+    /// State for a connection that has just been accepted (or resumed with the topic aliases
+    /// its client defined).
+    pub fn new(
+        broker: &'a Arc<Broker>,
+        session: &'a Arc<Session>,
+        version: ProtocolVersion,
+        aliases: HashMap<u16, ByteString>,
+    ) -> Self {
+        Inbound { broker, session, version, aliases, transmit: false, held: None }
+    }
+
+    /// The topic aliases the client defined, for a connection that parks.
+    pub fn into_aliases(self) -> HashMap<u16, ByteString> {
+        self.aliases
     }
 
     /// True (once) if the session may have deliveries to send since the last call.

@@ -3,7 +3,9 @@
 //! goes out with the deliveries of the same turn and nothing waits for a second task.
 
 mod inbound;
+pub mod tcp;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,8 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
 use braid_proto::{
-    decode, encode, BytesMut, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties, ProtocolVersion,
-    ReasonCode,
+    decode, encode, ByteString, BytesMut, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties,
+    ProtocolVersion, ReasonCode,
 };
 
 use crate::broker::{Accepted, Broker, Ending};
@@ -28,18 +30,43 @@ const WRITE_BUDGET: usize = 64 * 1024;
 const KEEP_WRITE_CAPACITY: usize = 16 * 1024;
 
 /// Serves one client on `rd`/`wr` until it disconnects, misbehaves, is taken over or the
-/// broker shuts down.
+/// broker shuts down. (Plain TCP goes through [`tcp::serve`], which can also park.)
 pub async fn serve<R, W>(broker: Arc<Broker>, mut rd: R, mut wr: W, peer: SocketAddr)
 where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
+{
+    let Some(start) = handshake(&broker, &mut rd, &mut wr, peer).await else { return };
+    let mut conn = Connection::new(&broker, &start.accepted, start.version, peer, start.out);
+    let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new()).await {
+        Stop::End(ending) => ending,
+        // Parking is only ever asked of connections whose transport allowed it.
+        Stop::Park(_) => Ending::WithWill,
+    };
+    conn.finish(&mut wr, ending).await;
+}
+
+/// An accepted client, its CONNACK encoded and not yet written.
+struct Start {
+    accepted: Accepted,
+    version: ProtocolVersion,
+    out: BytesMut,
+    rbuf: ReadBuffer,
+}
+
+/// Reads CONNECT (within the connect timeout) and attaches the session; None if the client was
+/// refused or went away, in which case the connection is already closed.
+async fn handshake<R, W>(broker: &Arc<Broker>, rd: &mut R, wr: &mut W, peer: SocketAddr) -> Option<Start>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
 {
     let mut rbuf = ReadBuffer::default();
     let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
     // Boxed: the connect phase is short, and its timers should not stay in every task.
     let first = Box::pin(async {
         tokio::select! {
-            first = tokio::time::timeout(timeout, read_connect(&mut rd, &mut rbuf, &broker)) => first,
+            first = tokio::time::timeout(timeout, read_connect(rd, &mut rbuf, broker)) => first,
             _ = broker.shutdown.cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
         }
     })
@@ -47,17 +74,17 @@ where
     let connect = match first {
         Err(_) => {
             info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
-            return;
+            return None;
         }
-        Ok(Err(FirstPacket::Eof)) => return,
+        Ok(Err(FirstPacket::Eof)) => return None,
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing connection: {why}");
-            Box::pin(refuse(&mut wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)).await;
-            return;
+            Box::pin(refuse(wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)).await;
+            return None;
         }
         Ok(Err(FirstPacket::Close(why))) => {
             info!(%peer, "closing connection: {why}");
-            return;
+            return None;
         }
         Ok(Ok(c)) => c,
     };
@@ -66,21 +93,22 @@ where
         Ok(a) => a,
         Err(reason) => {
             info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {}", reason.description());
-            Box::pin(refuse(&mut wr, version, reason)).await;
-            return;
+            Box::pin(refuse(wr, version, reason)).await;
+            return None;
         }
     };
-    drop(connect);
-    let client_id = &accepted.session.client_id;
-    debug!(%peer, %client_id, ?version, "client connected");
+    debug!(%peer, client_id = %accepted.session.client_id, ?version, "client connected");
     let mut out = BytesMut::new();
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
-    let mut conn = Connection { broker: &broker, a: &accepted, version, peer, out, written: 0 };
-    let ending = conn.run(&mut rd, &mut wr, rbuf).await;
-    // Boxed like the connect phase: only the closing moment needs its timer.
-    Box::pin(conn.close(&mut wr)).await;
-    debug!(%peer, %client_id, ?ending, "client disconnected");
-    broker.disconnected(&accepted.session, accepted.generation, ending);
+    Some(Start { accepted, version, out, rbuf })
+}
+
+/// Why [`Connection::run`] returned.
+enum Stop {
+    /// The connection is over.
+    End(Ending),
+    /// The connection is idle and was asked to park; these are its client's topic aliases.
+    Park(HashMap<u16, ByteString>),
 }
 
 /// What woke a connection.
@@ -199,15 +227,31 @@ struct Connection<'a> {
     written: usize,
 }
 
-impl Connection<'_> {
-    /// Reads, handles and writes until the connection ends; returns how it ended.
-    async fn run<R, W>(&mut self, rd: &mut R, wr: &mut W, mut rbuf: ReadBuffer) -> Ending
+impl<'a> Connection<'a> {
+    fn new(
+        broker: &'a Arc<Broker>,
+        a: &'a Accepted,
+        version: ProtocolVersion,
+        peer: SocketAddr,
+        out: BytesMut,
+    ) -> Self {
+        Connection { broker, a, version, peer, out, written: 0 }
+    }
+
+    /// Reads, handles and writes until the connection ends or parks.
+    async fn run<R, W>(
+        &mut self,
+        rd: &mut R,
+        wr: &mut W,
+        mut rbuf: ReadBuffer,
+        aliases: HashMap<u16, ByteString>,
+    ) -> Stop
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
         let (broker, a) = (self.broker, self.a);
-        let mut inbound = Inbound::new(broker, &a.session, self.version);
+        let mut inbound = Inbound::new(broker, &a.session, self.version, aliases);
         let max = broker.config.mqtt.max_packet_size;
         // Deliveries may be waiting already (a resumed session): look before the first wait.
         let mut transmit = true;
@@ -230,12 +274,12 @@ impl Connection<'_> {
                 Flow::Continue => {}
                 Flow::End(ending) => {
                     a.ctl.close(ReasonCode::Success);
-                    return ending;
+                    return Stop::End(ending);
                 }
                 Flow::Close(reason, detail) => {
                     info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: {detail} ({})", reason.description());
                     a.ctl.close_because(reason, detail);
-                    return Ending::WithWill;
+                    return Stop::End(Ending::WithWill);
                 }
             }
             transmit |= inbound.take_transmit();
@@ -244,7 +288,7 @@ impl Connection<'_> {
             }
             // While an acknowledgement is held by full subscriber queues, nothing more is read
             // from this client (backpressure), and its silence is not a keep-alive failure.
-            // Keep alive itself is watched by the broker's sweeper (`Broker::expire_silent`),
+            // Keep alive itself is watched by the broker's sweeper (`Broker::sweep_connections`),
             // which counts every byte that arrives: a large packet still arriving over a slow
             // link keeps its client alive.
             let held = inbound.is_held();
@@ -255,7 +299,12 @@ impl Connection<'_> {
             // Most connections are idle most of the time: they wait on a small future. The full
             // wait (writing, held acknowledgements) lives in a box only while it is needed, so
             // an idle connection's task stays small.
-            let event = if !held && self.out.is_empty() {
+            let idle = !held && self.out.is_empty();
+            if idle && !transmit && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
+                // Nothing to read, write or send since the last wake: give up the task.
+                return Stop::Park(inbound.into_aliases());
+            }
+            let event = if idle {
                 wait_idle(&a.ctl, &mut rbuf, rd).await
             } else {
                 Box::pin(wait_busy(&a.ctl, wr, &self.out[self.written..], held, &mut inbound, &mut rbuf, rd))
@@ -267,13 +316,18 @@ impl Connection<'_> {
                     if reason == ReasonCode::KeepAliveTimeout {
                         info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
                     }
-                    return match reason {
+                    return Stop::End(match reason {
                         ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
                         _ => Ending::WithWill,
-                    };
+                    });
                 }
-                Event::Woken => transmit = true,
+                Event::Woken => {
+                    // Cleared before the session is looked at, so a later wake unparks.
+                    a.ctl.clear_woken();
+                    transmit = true;
+                }
                 Event::Wrote(Ok(n)) if n > 0 => {
+                    a.ctl.wrote(broker.now_ms());
                     Metrics::add(&broker.metrics.bytes_sent, n as u64);
                     self.written += n;
                     if self.written == self.out.len() {
@@ -291,7 +345,7 @@ impl Connection<'_> {
                 }
                 Event::Wrote(_) | Event::Read(_) => {
                     a.ctl.close(ReasonCode::Success);
-                    return Ending::WithWill;
+                    return Stop::End(Ending::WithWill);
                 }
             }
         }
@@ -315,6 +369,14 @@ impl Connection<'_> {
         Metrics::add(&m.messages_sent, t.published);
         Metrics::add(&m.messages_dropped, t.dropped);
         t.more
+    }
+
+    /// Closes the connection and tells the broker how it ended.
+    async fn finish<W: AsyncWrite + Unpin>(mut self, wr: &mut W, ending: Ending) {
+        // Boxed like the connect phase: only the closing moment needs its timer.
+        Box::pin(self.close(wr)).await;
+        debug!(peer = %self.peer, client_id = %self.a.session.client_id, ?ending, "client disconnected");
+        self.broker.disconnected(&self.a.session, self.a.generation, ending);
     }
 
     /// Sends the closing DISCONNECT (v5, when the broker closes with an error reason) after

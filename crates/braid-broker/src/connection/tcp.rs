@@ -1,0 +1,90 @@
+//! Plain TCP connections, which can park while idle (see [`crate::park`]).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+use tracing::warn;
+
+use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
+
+use super::{handshake, Connection, Stop};
+use crate::broker::{Accepted, Broker, Ending};
+use crate::metrics::Metrics;
+use crate::park::{Parked, ParkingLot};
+
+/// Serves one TCP client; with a `lot`, the connection parks there while idle.
+pub async fn serve(
+    broker: Arc<Broker>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    lot: Option<Arc<ParkingLot>>,
+) {
+    let start = {
+        let (mut rd, mut wr) = stream.split();
+        handshake(&broker, &mut rd, &mut wr, peer).await
+    };
+    let Some(start) = start else { return };
+    if let Some(lot) = &lot {
+        start.accepted.ctl.allow_parking(lot);
+    }
+    drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, HashMap::new()).await;
+}
+
+/// Carries on with a connection that was parked.
+pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
+    let Parked { stream, accepted, version, aliases } = parked;
+    broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
+    let stream = match TcpStream::from_std(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(client_id = %accepted.session.client_id, "closing connection: cannot resume it after parking: {e}");
+            broker.disconnected(&accepted.session, accepted.generation, Ending::WithWill);
+            return;
+        }
+    };
+    let peer = stream.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    drive(broker, stream, peer, accepted, version, BytesMut::new(), ReadBuffer::default(), aliases).await;
+}
+
+/// Runs the connection until it ends (then closes it) or parks.
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    broker: Arc<Broker>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    accepted: Accepted,
+    version: ProtocolVersion,
+    out: BytesMut,
+    rbuf: ReadBuffer,
+    aliases: HashMap<u16, ByteString>,
+) {
+    let mut conn = Connection::new(&broker, &accepted, version, peer, out);
+    let stop = {
+        let (mut rd, mut wr) = stream.split();
+        conn.run(&mut rd, &mut wr, rbuf, aliases).await
+    };
+    let ending = match stop {
+        Stop::End(ending) => ending,
+        Stop::Park(aliases) => {
+            drop(conn);
+            // Counted before the lot can hand it back, so the gauge never dips below zero.
+            Metrics::add(&broker.metrics.clients_parked, 1);
+            let parked = match accepted.ctl.lot().cloned() {
+                Some(lot) => lot.park(stream, accepted, version, aliases),
+                None => Err((accepted, io::Error::other("parking is not enabled"))),
+            };
+            if let Err((accepted, e)) = parked {
+                broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
+                warn!(%peer, client_id = %accepted.session.client_id, "closing connection: cannot park it: {e}");
+                broker.disconnected(&accepted.session, accepted.generation, Ending::WithWill);
+            }
+            return;
+        }
+    };
+    let (_, mut wr) = stream.split();
+    conn.finish(&mut wr, ending).await;
+}
