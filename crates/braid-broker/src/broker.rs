@@ -1,7 +1,9 @@
 //! The broker's shared state and the operations connections call: connect (with takeover),
 //! subscribe, unsubscribe, publish, and what happens when a client goes away.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,10 +36,12 @@ pub struct Broker {
     pub started: Instant,
     /// Cancelled at shutdown: stops the listeners, timers and `$SYS`.
     pub shutdown: CancellationToken,
-    sessions: Mutex<HashMap<ByteString, Arc<Session>>>,
+    sessions: Mutex<HashSet<ById>>,
     router: RwLock<Router>,
     retained: RwLock<Retained>,
     next_session_id: AtomicU64,
+    /// `[session]` queue limits, shared by every session.
+    queue_limits: Arc<QueueLimits>,
 }
 
 /// A CONNECT the broker accepted: the session the connection now serves.
@@ -68,15 +72,17 @@ impl Broker {
     /// A broker with `config`; call [`crate::server::Server`] to put it on the network.
     pub fn new(config: Config) -> Arc<Broker> {
         let strategy = config.shared.strategy;
+        let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
         Arc::new(Broker {
             config,
             metrics: Metrics::default(),
             started: Instant::now(),
             shutdown: CancellationToken::new(),
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashSet::new()),
             router: RwLock::new(Router::new(strategy)),
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
+            queue_limits,
         })
     }
 
@@ -148,17 +154,13 @@ impl Broker {
 
         let (session, session_present, old) = {
             let mut sessions = self.sessions.lock();
-            let existing = sessions.get(&client_id).cloned();
+            let existing = sessions.get(&*client_id).map(|s| s.0.clone());
             match existing {
                 Some(s) if !c.clean_start => (s.clone(), true, Some((s, false))),
                 existing => {
                     let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-                    let s = Arc::new(Session::new(
-                        id,
-                        client_id.clone(),
-                        QueueLimits::from_config(&self.config.session),
-                    ));
-                    sessions.insert(client_id.clone(), s.clone());
+                    let s = Arc::new(Session::new(id, client_id.clone(), self.queue_limits.clone()));
+                    sessions.replace(ById(s.clone()));
                     (s, false, existing.map(|old| (old, true)))
                 }
             }
@@ -382,8 +384,8 @@ impl Broker {
     fn end_session(&self, session: &Arc<Session>) {
         {
             let mut sessions = self.sessions.lock();
-            if sessions.get(&session.client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
-                sessions.remove(&session.client_id);
+            if sessions.get(&*session.client_id).is_some_and(|s| Arc::ptr_eq(&s.0, session)) {
+                sessions.remove(&*session.client_id);
             }
         }
         self.drop_subscriptions(session);
@@ -419,7 +421,7 @@ impl Broker {
     /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was
     /// cancelled, so connections attaching later close themselves).
     pub fn close_all(&self, reason: ReasonCode) {
-        let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
         for s in sessions {
             if let Some(link) = &s.lock().link {
                 link.ctl.close(reason);
@@ -438,7 +440,7 @@ impl Broker {
     pub fn sweep_connections(&self) {
         let now = self.now_ms();
         let park_after = self.config.listeners.park_after_secs.saturating_mul(1000);
-        for s in self.sessions.lock().values() {
+        for ById(s) in self.sessions.lock().iter() {
             if let Some(link) = &s.lock().link {
                 link.ctl.expire_if_silent(now);
                 if park_after > 0 {
@@ -472,4 +474,30 @@ fn split_filter(filter: &str) -> Option<(&str, Option<&str>)> {
 fn merge_overlaps(targets: &mut Vec<&SubEntry>) {
     targets.sort_by_key(|e| (e.session.id, std::cmp::Reverse(e.options.qos)));
     targets.dedup_by(|later, first| first.merge_overlaps && later.session.id == first.session.id);
+}
+
+/// A session keyed by its client id: the set of these is the session table, and the key is the
+/// session's own `client_id` rather than a second copy.
+#[derive(Debug)]
+struct ById(Arc<Session>);
+
+impl PartialEq for ById {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.client_id == other.0.client_id
+    }
+}
+
+impl Eq for ById {}
+
+impl Hash for ById {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes, so that lookups by `&str` find it.
+        (*self.0.client_id).hash(state)
+    }
+}
+
+impl Borrow<str> for ById {
+    fn borrow(&self) -> &str {
+        &self.0.client_id
+    }
 }

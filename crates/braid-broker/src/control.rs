@@ -34,7 +34,7 @@ pub struct ConnControl {
     /// Milliseconds when bytes last arrived or were written.
     last_io_ms: AtomicU64,
     /// Silence allowed before the keep alive expires (1.5 x keep alive); 0 = no keep alive.
-    grace_ms: u64,
+    grace_ms: u32,
     /// The connection is held by backpressure: its silence is not the client's fault.
     held: AtomicBool,
     /// Set by every [`ConnControl::wake`]; cleared by the task when it looks for work.
@@ -57,7 +57,7 @@ impl ConnControl {
             reason: Mutex::new(None),
             last_activity_ms: AtomicU64::new(now_ms),
             last_io_ms: AtomicU64::new(now_ms),
-            grace_ms: u64::from(keep_alive_secs) * 1500,
+            grace_ms: u32::from(keep_alive_secs) * 1500,
             held: AtomicBool::new(false),
             woken: AtomicBool::new(false),
             park_requested: AtomicBool::new(false),
@@ -199,7 +199,7 @@ impl ConnControl {
             return;
         }
         let silent = now_ms.saturating_sub(self.last_activity_ms.load(Ordering::Relaxed));
-        if silent >= self.grace_ms {
+        if silent >= u64::from(self.grace_ms) {
             self.close_because(
                 ReasonCode::KeepAliveTimeout,
                 format!("nothing received for {silent} ms (keep alive {} s)", self.grace_ms / 1500),

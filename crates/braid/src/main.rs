@@ -1,5 +1,10 @@
 //! `braid`: the MQTT broker (`serve`), and later the client and benchmark tools.
 
+/// jemalloc: size classes keep long-lived session state apart from per-connection buffers, so
+/// memory freed by idle connections goes back to the OS (defaults in .cargo/config.toml).
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -47,6 +47,7 @@ pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
         }
     };
     let peer = stream.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let aliases = aliases.map(|a| *a).unwrap_or_default();
     drive(broker, stream, peer, accepted, version, BytesMut::new(), ReadBuffer::default(), aliases).await;
 }
 

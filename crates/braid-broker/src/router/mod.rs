@@ -81,8 +81,10 @@ mod tests {
     use braid_proto::{ByteString, Bytes};
 
     fn session(id: u64) -> Arc<Session> {
-        let limits =
-            QueueLimits::from_config(&SessionConfig { max_queued_messages: 10, ..Default::default() });
+        let limits = Arc::new(QueueLimits::from_config(&SessionConfig {
+            max_queued_messages: 10,
+            ..Default::default()
+        }));
         Arc::new(Session::new(id, ByteString::from(format!("c{id}")), limits))
     }
 

@@ -33,7 +33,8 @@ pub struct Entry {
 pub struct Inflight {
     entries: VecDeque<Entry>,
     next_id: u16,
-    unsent: usize,
+    /// Entries at the back still to be resent (at most 65,535: one per packet id).
+    unsent: u16,
     /// Packet ids in use, one bit each, once the window is large enough that scanning the
     /// entries for a free id would cost more than the 8 KiB this takes.
     in_use: Option<Box<[u64; 1024]>>,
@@ -55,7 +56,7 @@ impl Inflight {
 
     /// Number of entries sent on the current connection (what counts against its window).
     pub fn sent(&self) -> usize {
-        self.entries.len() - self.unsent
+        self.entries.len() - usize::from(self.unsent)
     }
 
     /// Adds a delivery, sent now, with a fresh packet id (one not in use) and returns that id.
@@ -129,7 +130,7 @@ impl Inflight {
         for e in &mut self.entries {
             e.unsent = true;
         }
-        self.unsent = self.entries.len();
+        self.unsent = self.entries.len() as u16;
     }
 
     /// The oldest entry still to be resent on this connection, now marked sent.
@@ -137,7 +138,7 @@ impl Inflight {
         if self.unsent == 0 {
             return None;
         }
-        let i = self.entries.len() - self.unsent;
+        let i = self.entries.len() - usize::from(self.unsent);
         self.unsent -= 1;
         let e = &mut self.entries[i];
         debug_assert!(e.unsent);

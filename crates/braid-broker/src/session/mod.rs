@@ -6,6 +6,8 @@ mod inflight;
 mod queue;
 mod state;
 
+use std::sync::{Arc, OnceLock};
+
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
@@ -26,13 +28,14 @@ pub struct Session {
     /// Client identifier.
     pub client_id: ByteString,
     state: Mutex<SessionState>,
-    space: Notify,
+    /// Publishers held back by this session wait here (made by the first one).
+    space: OnceLock<Box<Notify>>,
 }
 
 impl Session {
     /// A new offline session.
-    pub fn new(id: u64, client_id: ByteString, limits: QueueLimits) -> Session {
-        Session { id, client_id, state: Mutex::new(SessionState::new(limits)), space: Notify::new() }
+    pub fn new(id: u64, client_id: ByteString, limits: Arc<QueueLimits>) -> Session {
+        Session { id, client_id, state: Mutex::new(SessionState::new(limits)), space: OnceLock::new() }
     }
 
     /// Locks the state.
@@ -57,7 +60,7 @@ impl Session {
     pub async fn wait_for_space(&self) {
         loop {
             // A `Notified` sees every notify_waiters() from its creation on.
-            let notified = self.space.notified();
+            let notified = self.space.get_or_init(Default::default).notified();
             if !self.lock().blocks_publishers() {
                 return;
             }
@@ -67,7 +70,9 @@ impl Session {
 
     /// Wakes the publishers waiting in [`Session::wait_for_space`] to look again.
     pub fn release_publishers(&self) {
-        self.space.notify_waiters();
+        if let Some(space) = self.space.get() {
+            space.notify_waiters();
+        }
     }
 
     /// Disconnects the attached client (0x97 Quota exceeded) if its queue still holds

@@ -2,6 +2,7 @@
 //! client to come back, bounded in messages and in bytes.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use braid_proto::QoS;
 
@@ -56,7 +57,7 @@ pub enum Enqueued {
 pub struct Queue {
     items: VecDeque<Delivery>,
     bytes: usize,
-    limits: QueueLimits,
+    limits: Arc<QueueLimits>,
 }
 
 fn size(d: &Delivery) -> usize {
@@ -65,7 +66,7 @@ fn size(d: &Delivery) -> usize {
 
 impl Queue {
     /// An empty queue.
-    pub fn new(limits: QueueLimits) -> Queue {
+    pub fn new(limits: Arc<QueueLimits>) -> Queue {
         Queue { items: VecDeque::new(), bytes: 0, limits }
     }
 
@@ -152,14 +153,14 @@ mod tests {
     use crate::message::Message;
     use braid_proto::{ByteString, Bytes};
 
-    fn limits(overflow: OverflowPolicy) -> QueueLimits {
+    fn limits(overflow: OverflowPolicy) -> Arc<QueueLimits> {
         let config = SessionConfig {
             max_queued_messages: 4,
             max_queued_bytes: 1000,
             queue_overflow: overflow,
             ..Default::default()
         };
-        QueueLimits::from_config(&config)
+        Arc::new(QueueLimits::from_config(&config))
     }
 
     fn d(qos: QoS, payload: usize) -> Delivery {
