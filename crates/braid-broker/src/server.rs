@@ -14,6 +14,8 @@ use braid_proto::ReasonCode;
 
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::limits::TokenBucket;
+use crate::metrics::Metrics;
 use crate::{connection, sys};
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
@@ -81,14 +83,40 @@ impl Server {
     /// (v5 clients get DISCONNECT 0x8B) and returns.
     pub async fn run(self) {
         info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
+        self.broker.security.log_startup();
         tokio::spawn(sys::run(self.broker.clone()));
         tokio::spawn(sweep_keep_alive(self.broker.clone()));
+        tokio::spawn(watch_files(self.broker.clone()));
+        let broker = self.broker.clone();
+        tokio::spawn(async move { broker.memory.watch(broker.shutdown.clone()).await });
         let shutdown = self.broker.shutdown.clone();
         let connections = TaskTracker::new();
+        let limits = &self.broker.config.limits;
+        let mut rate = (limits.max_connection_rate > 0)
+            .then(|| TokenBucket::new(f64::from(limits.max_connection_rate), std::time::Instant::now()));
+        let mut last_refusal_log = None;
         loop {
+            // Over the connection rate, newcomers wait in the listen backlog.
+            if let Some(wait) = rate.as_mut().map(|r| r.take(1.0, std::time::Instant::now())) {
+                if !wait.is_zero() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 accepted = self.tcp.accept() => match accepted {
+                    Ok((stream, _)) if limits.max_connections > 0 && connections.len() >= limits.max_connections => {
+                        Metrics::add(&self.broker.metrics.connections_refused, 1);
+                        // At most one log line a second.
+                        if last_refusal_log.map_or(true, |t: std::time::Instant| t.elapsed() >= Duration::from_secs(1)) {
+                            warn!(max = limits.max_connections, "limits.max_connections reached: closing new connections");
+                            last_refusal_log = Some(std::time::Instant::now());
+                        }
+                        drop(stream);
+                    }
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
                         let (rd, wr) = stream.into_split();
@@ -113,6 +141,21 @@ impl Server {
 /// How often silent connections are looked for: a client is closed between 1.5 times its keep
 /// alive and that plus this.
 const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
+
+/// Reloads the password and ACL files when they change (`auth.reload_interval_secs`).
+async fn watch_files(broker: Arc<Broker>) {
+    let secs = broker.config.auth.reload_interval_secs;
+    if secs == 0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(secs));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => broker.security.reload(false),
+            _ = broker.shutdown.cancelled() => return,
+        }
+    }
+}
 
 async fn sweep_keep_alive(broker: Arc<Broker>) {
     let mut tick = tokio::time::interval(KEEP_ALIVE_SWEEP);

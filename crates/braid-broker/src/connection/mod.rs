@@ -16,6 +16,7 @@ use braid_proto::{
     ReasonCode,
 };
 
+use crate::auth::ConnectionAcl;
 use crate::broker::{Accepted, Broker, Ending};
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
@@ -29,8 +30,24 @@ const KEEP_WRITE_CAPACITY: usize = 16 * 1024;
 
 /// Serves one client on `rd`/`wr` until it disconnects, misbehaves, is taken over or the
 /// broker shuts down.
-pub async fn serve<R, W>(broker: Arc<Broker>, mut rd: R, mut wr: W, peer: SocketAddr)
+pub async fn serve<R, W>(broker: Arc<Broker>, rd: R, wr: W, peer: SocketAddr)
 where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    serve_verified(broker, rd, wr, peer, None).await
+}
+
+/// [`serve`] for a transport that has already established who the client is (the name in a
+/// verified TLS client certificate): `verified_username` is the client's user name, and
+/// authentication accepts it without looking at the CONNECT's credentials.
+pub async fn serve_verified<R, W>(
+    broker: Arc<Broker>,
+    mut rd: R,
+    mut wr: W,
+    peer: SocketAddr,
+    verified_username: Option<String>,
+) where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
@@ -62,6 +79,21 @@ where
         Ok(Ok(c)) => c,
     };
     let version = connect.protocol;
+    let identity = match broker.security.authenticate(&connect, verified_username.as_deref()).await {
+        Ok(identity) => identity,
+        Err(r) => {
+            info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {} ({})", r.detail, r.reason.description());
+            Box::pin(refuse(&mut wr, version, r.reason)).await;
+            return;
+        }
+    };
+    if let Some(will) = &connect.will {
+        if !broker.security.connection_acl(identity.clone(), &connect.client_id).may_publish(&will.topic) {
+            info!(%peer, client_id = %connect.client_id, topic = %will.topic, "refusing CONNECT: the ACL denies the will topic");
+            Box::pin(refuse(&mut wr, version, ReasonCode::NotAuthorized)).await;
+            return;
+        }
+    }
     let (accepted, connack) = match broker.connect(&connect) {
         Ok(a) => a,
         Err(reason) => {
@@ -72,11 +104,12 @@ where
     };
     drop(connect);
     let client_id = &accepted.session.client_id;
-    debug!(%peer, %client_id, ?version, "client connected");
+    debug!(%peer, %client_id, ?version, user = ?identity.username, "client connected");
+    let acl = broker.security.connection_acl(identity, client_id);
     let mut out = BytesMut::new();
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
     let mut conn = Connection { broker: &broker, a: &accepted, version, peer, out, written: 0 };
-    let ending = conn.run(&mut rd, &mut wr, rbuf).await;
+    let ending = conn.run(&mut rd, &mut wr, rbuf, acl).await;
     // Boxed like the connect phase: only the closing moment needs its timer.
     Box::pin(conn.close(&mut wr)).await;
     debug!(%peer, %client_id, ?ending, "client disconnected");
@@ -89,8 +122,8 @@ enum Event {
     Woken,
     /// A write completed (0 bytes or an error ends the connection).
     Wrote(std::io::Result<usize>),
-    /// The held acknowledgement may go out.
-    Released(Packet),
+    /// The held acknowledgement may go out (None: a pause ended, nothing to send).
+    Released(Option<Packet>),
     /// A read completed (0 bytes is end of stream).
     Read(std::io::Result<usize>),
 }
@@ -124,8 +157,8 @@ async fn wait_busy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     }
 }
 
-/// Waits for the held acknowledgement when there is one.
-async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Packet {
+/// Waits for the held acknowledgement or the end of a pause when there is one.
+async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Option<Packet> {
     if held {
         inbound.release_held().await
     } else {
@@ -201,13 +234,13 @@ struct Connection<'a> {
 
 impl Connection<'_> {
     /// Reads, handles and writes until the connection ends; returns how it ended.
-    async fn run<R, W>(&mut self, rd: &mut R, wr: &mut W, mut rbuf: ReadBuffer) -> Ending
+    async fn run<R, W>(&mut self, rd: &mut R, wr: &mut W, mut rbuf: ReadBuffer, acl: ConnectionAcl<'_>) -> Ending
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
         let (broker, a) = (self.broker, self.a);
-        let mut inbound = Inbound::new(broker, &a.session, self.version);
+        let mut inbound = Inbound::new(broker, &a.session, self.version, acl);
         let max = broker.config.mqtt.max_packet_size;
         // Deliveries may be waiting already (a resumed session): look before the first wait.
         let mut transmit = true;
@@ -284,7 +317,11 @@ impl Connection<'_> {
                         }
                     }
                 }
-                Event::Released(ack) => inbound.reply(&ack, &mut self.out),
+                Event::Released(ack) => {
+                    if let Some(ack) = ack {
+                        inbound.reply(&ack, &mut self.out);
+                    }
+                }
                 Event::Read(Ok(n)) if n > 0 => {
                     a.ctl.touch(broker.now_ms());
                     Metrics::add(&broker.metrics.bytes_received, n as u64);
