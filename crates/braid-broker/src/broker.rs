@@ -18,8 +18,8 @@ use braid_proto::{
 use crate::auth::{ConnectionAcl, Security};
 use crate::config::Config;
 use crate::control::ConnControl;
-use crate::message::{Delivery, Message};
 use crate::limits::{topic_too_big, MemoryAlarm};
+use crate::message::{Delivery, Message};
 use crate::metrics::Metrics;
 use crate::retained::Retained;
 use crate::router::{Router, SubEntry};

@@ -51,7 +51,10 @@ impl PublishLimiter {
     /// Buckets for the configured rates (none when both are 0).
     pub fn new(cfg: &LimitsConfig, now: Instant) -> PublishLimiter {
         let bucket = |rate: f64| (rate > 0.0).then(|| TokenBucket::new(rate, now));
-        PublishLimiter { messages: bucket(f64::from(cfg.publish_rate)), bytes: bucket(cfg.publish_bytes_rate as f64) }
+        PublishLimiter {
+            messages: bucket(f64::from(cfg.publish_rate)),
+            bytes: bucket(cfg.publish_bytes_rate as f64),
+        }
     }
 
     /// Counts one PUBLISH of `bytes`; returns until when the client must not be read from.
@@ -111,7 +114,11 @@ impl MemoryAlarm {
         let above = self.watermark > 0 && rss > self.watermark;
         if above != self.raised.swap(above, Ordering::Relaxed) {
             if above {
-                warn!(rss, watermark = self.watermark, "memory alarm: above limits.memory_high_watermark, not reading from publishers");
+                warn!(
+                    rss,
+                    watermark = self.watermark,
+                    "memory alarm: above limits.memory_high_watermark, not reading from publishers"
+                );
             } else {
                 warn!(rss, watermark = self.watermark, "memory alarm cleared: reading from publishers again");
                 self.cleared.notify_waiters();

@@ -111,7 +111,7 @@ impl Server {
                     Ok((stream, _)) if limits.max_connections > 0 && connections.len() >= limits.max_connections => {
                         Metrics::add(&self.broker.metrics.connections_refused, 1);
                         // At most one log line a second.
-                        if last_refusal_log.map_or(true, |t: std::time::Instant| t.elapsed() >= Duration::from_secs(1)) {
+                        if last_refusal_log.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1)) {
                             warn!(max = limits.max_connections, "limits.max_connections reached: closing new connections");
                             last_refusal_log = Some(std::time::Instant::now());
                         }

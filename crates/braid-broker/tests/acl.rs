@@ -64,11 +64,36 @@ async fn subscribe_rules_v5_and_v311() {
     let (mut bob, _) = TestClient::connect_ok(b.addr, V5, user("bob-c", "bob")).await;
     let got = suback(
         &mut bob,
-        &["users/bob/#", "users/alice/#", "public/news", "secret/x", "#", "$share/g/users/bob/x", "$share/g/secret/#", "$SYS/#", "a/status", "+/status"],
+        &[
+            "users/bob/#",
+            "users/alice/#",
+            "public/news",
+            "secret/x",
+            "#",
+            "$share/g/users/bob/x",
+            "$share/g/secret/#",
+            "$SYS/#",
+            "a/status",
+            "+/status",
+        ],
     )
     .await;
     use ReasonCode::GrantedQoS1 as G;
-    assert_eq!(got, [G, NotAuthorized, G, NotAuthorized, NotAuthorized, G, NotAuthorized, NotAuthorized, G, NotAuthorized]);
+    assert_eq!(
+        got,
+        [
+            G,
+            NotAuthorized,
+            G,
+            NotAuthorized,
+            NotAuthorized,
+            G,
+            NotAuthorized,
+            NotAuthorized,
+            G,
+            NotAuthorized
+        ]
+    );
 
     let (mut admin, _) = TestClient::connect_ok(b.addr, V311, user("admin-c", "admin")).await;
     let got = suback(&mut admin, &["$SYS/#", "anything/#", "secret/x"]).await;
@@ -90,10 +115,19 @@ async fn denied_publish_v5_gets_0x87_and_qos0_is_dropped_and_counted() {
 
     bob.publish_and_ack("users/bob/a", QoS::AtLeastOnce, b"ok", 1).await;
     bob.publish_and_ack("clients/bob-c/up", QoS::AtLeastOnce, b"ok", 2).await;
-    bob.send(Packet::Publish(Publish { packet_id: 3, ..publish("users/alice/a", QoS::AtLeastOnce, "no") })).await;
-    assert!(matches!(bob.expect_packet().await, Packet::PubAck(a) if (a.packet_id, a.reason) == (3, NotAuthorized)));
-    bob.send(Packet::Publish(Publish { packet_id: 4, ..publish("clients/other/up", QoS::ExactlyOnce, "no") })).await;
-    assert!(matches!(bob.expect_packet().await, Packet::PubRec(a) if (a.packet_id, a.reason) == (4, NotAuthorized)));
+    bob.send(Packet::Publish(Publish { packet_id: 3, ..publish("users/alice/a", QoS::AtLeastOnce, "no") }))
+        .await;
+    assert!(
+        matches!(bob.expect_packet().await, Packet::PubAck(a) if (a.packet_id, a.reason) == (3, NotAuthorized))
+    );
+    bob.send(Packet::Publish(Publish {
+        packet_id: 4,
+        ..publish("clients/other/up", QoS::ExactlyOnce, "no")
+    }))
+    .await;
+    assert!(
+        matches!(bob.expect_packet().await, Packet::PubRec(a) if (a.packet_id, a.reason) == (4, NotAuthorized))
+    );
     bob.send(Packet::Publish(publish("users/alice/b", QoS::AtMostOnce, "no"))).await;
     bob.ping().await;
     assert_eq!(denied(&b), 3);
@@ -131,7 +165,8 @@ async fn denied_publish_v311_is_dropped_or_disconnects() {
     assert_eq!(bob.expect_closed().await, None);
     // v5 clients still get 0x87 and stay.
     let (mut bob5, _) = TestClient::connect_ok(b.addr, V5, user("bob-5", "bob")).await;
-    bob5.send(Packet::Publish(Publish { packet_id: 2, ..publish("users/alice/a", QoS::AtLeastOnce, "no") })).await;
+    bob5.send(Packet::Publish(Publish { packet_id: 2, ..publish("users/alice/a", QoS::AtLeastOnce, "no") }))
+        .await;
     assert!(matches!(bob5.expect_packet().await, Packet::PubAck(a) if a.reason == NotAuthorized));
     bob5.ping().await;
 }
@@ -200,7 +235,8 @@ fn a_bad_rules_file_stops_the_broker_naming_the_key_and_line() {
     let set = format!("acl.file=\"{}\"", path.display());
     let err = Config::load(None, &[set]).unwrap_err().to_string();
     assert!(err.starts_with("acl.file:") && err.contains("line 2"), "{err}");
-    let err = Config::load(None, &["auth.password_file=\"/nonexistent/passwd\"".into()]).unwrap_err().to_string();
+    let err =
+        Config::load(None, &["auth.password_file=\"/nonexistent/passwd\"".into()]).unwrap_err().to_string();
     assert!(err.starts_with("auth.password_file:"), "{err}");
     let err = Config::load(None, &["auth.jwt_algorithm=\"none\"".into()]).unwrap_err().to_string();
     assert!(err.starts_with("auth.jwt_algorithm:"), "{err}");

@@ -21,7 +21,7 @@ fn keys() -> PathBuf {
 fn with_credentials(client_id: &str, user: Option<&str>, password: Option<&[u8]>) -> Connect {
     let mut c = connect_packet(client_id, true);
     c.username = user.map(Into::into);
-    c.password = password.map(|p| Bytes::copy_from_slice(p));
+    c.password = password.map(Bytes::copy_from_slice);
     c
 }
 
@@ -50,7 +50,11 @@ async fn anonymous_off_refuses_clients_without_credentials() {
     config.auth.allow_anonymous = false;
     let b = start(config).await;
     assert_eq!(connack(b.addr, V5, connect_packet("anon5", true)).await, NotAuthorized);
-    assert_eq!(connack(b.addr, V311, connect_packet("anon3", true)).await, NotAuthorized, "3.1.1 return code 5");
+    assert_eq!(
+        connack(b.addr, V311, connect_packet("anon3", true)).await,
+        NotAuthorized,
+        "3.1.1 return code 5"
+    );
     // The default lets them in.
     let b = start_default().await;
     assert_eq!(connack(b.addr, V5, connect_packet("anon", true)).await, ReasonCode::Success);
@@ -120,8 +124,12 @@ fn now() -> u64 {
 fn token(alg: Algorithm, claims: serde_json::Value) -> Vec<u8> {
     let key = match alg {
         Algorithm::HS256 => EncodingKey::from_secret(b"test-only-hs256-secret"),
-        Algorithm::RS256 => EncodingKey::from_rsa_pem(&std::fs::read(keys().join("rsa-private.pem")).unwrap()).unwrap(),
-        Algorithm::ES256 => EncodingKey::from_ec_pem(&std::fs::read(keys().join("ec-private.pem")).unwrap()).unwrap(),
+        Algorithm::RS256 => {
+            EncodingKey::from_rsa_pem(&std::fs::read(keys().join("rsa-private.pem")).unwrap()).unwrap()
+        }
+        Algorithm::ES256 => {
+            EncodingKey::from_ec_pem(&std::fs::read(keys().join("ec-private.pem")).unwrap()).unwrap()
+        }
         other => panic!("{other:?}"),
     };
     jwt_encode(&Header::new(alg), &claims, &key).unwrap().into_bytes()
@@ -157,7 +165,11 @@ async fn jwt_in_the_password_field() {
         let c = with_credentials("j4", Some("dev1"), Some(&no_exp));
         assert_eq!(connack(b.addr, V311, c).await, BadUserNameOrPassword, "{name}: exp is required");
         let c = with_credentials("j5", Some("dev2"), Some(&good));
-        assert_eq!(connack(b.addr, V5, c).await, BadUserNameOrPassword, "{name}: user name is not the subject");
+        assert_eq!(
+            connack(b.addr, V5, c).await,
+            BadUserNameOrPassword,
+            "{name}: user name is not the subject"
+        );
         let mut tampered = good.clone();
         let n = tampered.len();
         tampered[n - 3] = if tampered[n - 3] == b'A' { b'B' } else { b'A' };
@@ -167,7 +179,10 @@ async fn jwt_in_the_password_field() {
     // A token signed with another algorithm's key is refused.
     let b = jwt_broker("RS256", "rsa-public.pem").await;
     let hs = token(Algorithm::HS256, serde_json::json!({"sub": "dev1", "exp": now() + 60}));
-    assert_eq!(connack(b.addr, V5, with_credentials("j7", Some("dev1"), Some(&hs))).await, BadUserNameOrPassword);
+    assert_eq!(
+        connack(b.addr, V5, with_credentials("j7", Some("dev1"), Some(&hs))).await,
+        BadUserNameOrPassword
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +201,8 @@ async fn jwt_acl_claim_limits_the_client() {
     dev.send(Packet::Subscribe(other)).await;
     assert!(matches!(dev.expect_packet().await, Packet::SubAck(a) if a.reasons == [NotAuthorized]));
     dev.publish_and_ack("devices/dev1/up", QoS::AtLeastOnce, b"ok", 3).await;
-    dev.send(Packet::Publish(Publish { packet_id: 4, ..publish("devices/dev2/up", QoS::AtLeastOnce, "x") })).await;
+    dev.send(Packet::Publish(Publish { packet_id: 4, ..publish("devices/dev2/up", QoS::AtLeastOnce, "x") }))
+        .await;
     match dev.expect_packet().await {
         Packet::PubAck(a) => assert_eq!((a.packet_id, a.reason), (4, NotAuthorized)),
         other => panic!("expected PUBACK 0x87, got {other:?}"),
@@ -224,7 +240,8 @@ async fn hook_server(
                         .map(|v| v.trim().parse().unwrap())
                         .unwrap_or(0);
                     if buf.len() >= end + 4 + len {
-                        break serde_json::from_slice::<serde_json::Value>(&buf[end + 4..end + 4 + len]).unwrap();
+                        break serde_json::from_slice::<serde_json::Value>(&buf[end + 4..end + 4 + len])
+                            .unwrap();
                     }
                 };
                 log.lock().push(body.clone());
@@ -237,7 +254,10 @@ async fn hook_server(
 }
 
 fn http_ok(json: &str) -> String {
-    format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}", json.len())
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+        json.len()
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,12 +336,19 @@ async fn verified_transport_identity_is_the_user_name() {
         while let Ok((s, peer)) = listener.accept().await {
             let (rd, wr) = s.into_split();
             let broker = broker.clone();
-            tokio::spawn(braid_broker::connection::serve_verified(broker, rd, wr, peer, Some("cert-cn".into())));
+            tokio::spawn(braid_broker::connection::serve_verified(
+                broker,
+                rd,
+                wr,
+                peer,
+                Some("cert-cn".into()),
+            ));
         }
     });
     let (mut c, _) = TestClient::connect_ok(addr, V5, connect_packet("tls1", true)).await;
     c.publish_and_ack("users/cert-cn/x", QoS::AtLeastOnce, b"x", 1).await;
-    c.send(Packet::Publish(Publish { packet_id: 2, ..publish("users/other/x", QoS::AtLeastOnce, "x") })).await;
+    c.send(Packet::Publish(Publish { packet_id: 2, ..publish("users/other/x", QoS::AtLeastOnce, "x") }))
+        .await;
     assert!(matches!(c.expect_packet().await, Packet::PubAck(a) if a.reason == NotAuthorized));
     // The plain listener still refuses anonymous clients.
     assert_eq!(connack(b.addr, V5, connect_packet("plain", true)).await, NotAuthorized);

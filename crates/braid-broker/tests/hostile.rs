@@ -171,7 +171,9 @@ async fn deeply_nested_topics_are_refused_by_the_level_limit() {
     assert_eq!(c.expect_closed().await, Some(ReasonCode::TopicNameInvalid));
     let (mut c, _) = TestClient::connect_ok(b.addr, V311, connect_packet("deep-sub", true)).await;
     c.send(Packet::Subscribe(subscribe(&format!("{deep}#"), QoS::AtMostOnce))).await;
-    assert!(matches!(c.expect_packet().await, Packet::SubAck(a) if a.reasons == [ReasonCode::UnspecifiedError]));
+    assert!(
+        matches!(c.expect_packet().await, Packet::SubAck(a) if a.reasons == [ReasonCode::UnspecifiedError])
+    );
     let (mut all, _) = TestClient::connect_ok(b.addr, V5, connect_packet("all", true)).await;
     all.subscribe("#", QoS::AtMostOnce).await;
     canary.check().await;
@@ -222,7 +224,8 @@ fn random_and_mutated_bytes_on_live_connections_never_panic() {
     config.mqtt.max_packet_size = 4096;
     let b = rt.block_on(start(config));
     let mut canary = rt.block_on(Canary::new(b.addr, "fuzz"));
-    let mut runner = TestRunner::new(PropConfig { cases: 200, failure_persistence: None, ..PropConfig::default() });
+    let mut runner =
+        TestRunner::new(PropConfig { cases: 200, failure_persistence: None, ..PropConfig::default() });
     let case = std::sync::atomic::AtomicU32::new(0);
     runner
         .run(&(hostile_bytes(), any::<bool>()), |(bytes, v5)| {

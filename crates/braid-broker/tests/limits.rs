@@ -119,7 +119,7 @@ async fn topic_length_and_levels() {
     config.limits.max_topic_levels = 8;
     let b = start(config).await;
     let mut canary = Canary::new(b.addr, "t").await;
-    let deep = vec!["a"; 9].join("/");
+    let deep = ["a"; 9].join("/");
     let long = "x".repeat(65);
     for topic in [&deep, &long] {
         let (mut c, _) = TestClient::connect_ok(b.addr, V5, connect_packet("deep", true)).await;
@@ -127,10 +127,12 @@ async fn topic_length_and_levels() {
         assert_eq!(c.expect_closed().await, Some(ReasonCode::TopicNameInvalid), "{topic}");
         let (mut c, _) = TestClient::connect_ok(b.addr, V5, connect_packet("deep-sub", true)).await;
         c.send(Packet::Subscribe(subscribe(topic, QoS::AtMostOnce))).await;
-        assert!(matches!(c.expect_packet().await, Packet::SubAck(a) if a.reasons == [ReasonCode::TopicFilterInvalid]));
+        assert!(
+            matches!(c.expect_packet().await, Packet::SubAck(a) if a.reasons == [ReasonCode::TopicFilterInvalid])
+        );
         canary.check().await;
     }
-    let ok = vec!["a"; 8].join("/");
+    let ok = ["a"; 8].join("/");
     let (mut c, _) = TestClient::connect_ok(b.addr, V5, connect_packet("ok", true)).await;
     c.subscribe(&ok, QoS::AtMostOnce).await;
     c.publish_and_ack(&ok, QoS::AtLeastOnce, b"x", 1).await;
@@ -151,5 +153,7 @@ async fn max_subscriptions_per_client() {
     v3.subscribe("a", QoS::AtMostOnce).await;
     v3.subscribe("b", QoS::AtMostOnce).await;
     v3.send(Packet::Subscribe(subscribe("c", QoS::AtMostOnce))).await;
-    assert!(matches!(v3.expect_packet().await, Packet::SubAck(a) if a.reasons == [ReasonCode::UnspecifiedError]));
+    assert!(
+        matches!(v3.expect_packet().await, Packet::SubAck(a) if a.reasons == [ReasonCode::UnspecifiedError])
+    );
 }

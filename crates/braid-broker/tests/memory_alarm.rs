@@ -41,7 +41,9 @@ async fn publishers_pause_above_the_high_watermark_and_resume_below() {
     }
     // The PUBLISH that meets the alarm is handled; the next one is not read.
     publisher.publish_and_ack("m", QoS::AtLeastOnce, b"meets the alarm", 2).await;
-    publisher.send(Packet::Publish(Publish { packet_id: 3, ..publish("m", QoS::AtLeastOnce, "waits") })).await;
+    publisher
+        .send(Packet::Publish(Publish { packet_id: 3, ..publish("m", QoS::AtLeastOnce, "waits") }))
+        .await;
     publisher.expect_nothing(Duration::from_millis(700)).await;
     // Subscribers are still served meanwhile.
     let p = watcher.expect_publish().await;

@@ -95,7 +95,8 @@ impl AclRules {
 
     /// Reads and parses the rules file at `path`.
     pub fn load(path: &Path, default_allow: bool) -> Result<AclRules, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         AclRules::parse(&text, default_allow).map_err(|e| format!("{}: {e}", path.display()))
     }
 

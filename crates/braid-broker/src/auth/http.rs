@@ -44,7 +44,8 @@ pub struct Reply {
 impl HttpHook {
     /// A hook at `url` (`http://host[:port]/path`).
     pub fn new(url: &str, timeout: Duration) -> Result<HttpHook, String> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url:?}: only http:// URLs are supported"))?;
+        let rest =
+            url.strip_prefix("http://").ok_or_else(|| format!("{url:?}: only http:// URLs are supported"))?;
         let (host, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -64,8 +65,9 @@ impl HttpHook {
         password: Option<&[u8]>,
     ) -> Result<Reply, String> {
         let password = password.map(String::from_utf8_lossy);
-        let body = serde_json::to_vec(&Request { clientid: client_id, username, password: password.as_deref() })
-            .map_err(|e| e.to_string())?;
+        let body =
+            serde_json::to_vec(&Request { clientid: client_id, username, password: password.as_deref() })
+                .map_err(|e| e.to_string())?;
         let exchange = async {
             let mut stream = TcpStream::connect(&self.host).await.map_err(|e| format!("connect: {e}"))?;
             let head = format!(
@@ -77,7 +79,11 @@ impl HttpHook {
             stream.write_all(head.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
             stream.write_all(&body).await.map_err(|e| format!("write: {e}"))?;
             let mut reply = Vec::new();
-            (&mut stream).take(MAX_REPLY as u64 + 1).read_to_end(&mut reply).await.map_err(|e| format!("read: {e}"))?;
+            (&mut stream)
+                .take(MAX_REPLY as u64 + 1)
+                .read_to_end(&mut reply)
+                .await
+                .map_err(|e| format!("read: {e}"))?;
             if reply.len() > MAX_REPLY {
                 return Err(format!("reply longer than {MAX_REPLY} bytes"));
             }
@@ -153,7 +159,9 @@ mod tests {
         assert!(parse_reply(b"HTTP/1.1 500 Oops\r\n\r\n").unwrap_err().contains("500"));
         assert!(parse_reply(b"HTTP/1.1 200 OK\r\n\r\nnot json").is_err());
         assert!(parse_reply(b"HTTP/1.1 200 OK\r\n\r\n{\"result\":\"maybe\"}").is_err());
-        let acl = parse_reply(b"HTTP/1.1 200 OK\r\n\r\n{\"result\":\"allow\",\"acl\":{\"publish\":[\"a/#\"]}}").unwrap();
+        let acl =
+            parse_reply(b"HTTP/1.1 200 OK\r\n\r\n{\"result\":\"allow\",\"acl\":{\"publish\":[\"a/#\"]}}")
+                .unwrap();
         assert_eq!(acl.acl.unwrap().publish, vec!["a/#".to_string()]);
     }
 }

@@ -47,7 +47,8 @@ impl JwtVerifier {
     pub fn load(algorithm: &str, key_file: &Path, acl_claim: &str) -> Result<JwtVerifier, String> {
         let bytes =
             std::fs::read(key_file).map_err(|e| format!("cannot read {}: {e}", key_file.display()))?;
-        let bad_key = |e: jsonwebtoken::errors::Error| format!("{}: not a {algorithm} key: {e}", key_file.display());
+        let bad_key =
+            |e: jsonwebtoken::errors::Error| format!("{}: not a {algorithm} key: {e}", key_file.display());
         let (alg, key) = match algorithm {
             "HS256" => {
                 let secret = String::from_utf8_lossy(&bytes).trim_end().as_bytes().to_vec();
@@ -88,9 +89,7 @@ impl JwtVerifier {
         };
         let acl = match claims.get(&self.acl_claim) {
             None => None,
-            Some(v) => Some(
-                AclClaim::deserialize(v).map_err(|e| format!("claim {}: {e}", self.acl_claim))?,
-            ),
+            Some(v) => Some(AclClaim::deserialize(v).map_err(|e| format!("claim {}: {e}", self.acl_claim))?),
         };
         Ok(Claims { subject, acl })
     }

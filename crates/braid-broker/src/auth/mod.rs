@@ -86,10 +86,12 @@ impl Security {
             PasswordFile::load(path).map_err(|e| format!("auth.password_file: {e}"))?;
         }
         if let Some(path) = &a.jwt_key_file {
-            JwtVerifier::load(&a.jwt_algorithm, path, &a.jwt_acl_claim).map_err(|e| format!("auth.jwt_key_file: {e}"))?;
+            JwtVerifier::load(&a.jwt_algorithm, path, &a.jwt_acl_claim)
+                .map_err(|e| format!("auth.jwt_key_file: {e}"))?;
         }
         if let Some(url) = &a.http_url {
-            HttpHook::new(url, Duration::from_millis(a.http_timeout_ms)).map_err(|e| format!("auth.http_url: {e}"))?;
+            HttpHook::new(url, Duration::from_millis(a.http_timeout_ms))
+                .map_err(|e| format!("auth.http_url: {e}"))?;
         }
         if let Some(path) = &config.acl.file {
             AclRules::load(path, true).map_err(|e| format!("acl.file: {e}"))?;
@@ -154,7 +156,11 @@ impl Security {
             info!("authentication: {}", methods.join(", "));
         }
         match &self.acl_file {
-            Some(p) => info!("ACL rules from {}, default {}", p.display(), if self.default_allow { "allow" } else { "deny" }),
+            Some(p) => info!(
+                "ACL rules from {}, default {}",
+                p.display(),
+                if self.default_allow { "allow" } else { "deny" }
+            ),
             None => info!("no ACL file: every client may use every topic (except publishing under $SYS)"),
         }
     }
@@ -199,7 +205,11 @@ impl Security {
 
     /// Authenticates a CONNECT. `verified_username` is an identity the transport established
     /// (the TLS client certificate's name): it is the user name, whatever the packet says.
-    pub async fn authenticate(&self, c: &Connect, verified_username: Option<&str>) -> Result<Identity, Refusal> {
+    pub async fn authenticate(
+        &self,
+        c: &Connect,
+        verified_username: Option<&str>,
+    ) -> Result<Identity, Refusal> {
         if let Some(name) = verified_username {
             return Ok(Identity { username: Some(name.to_string()), acl: None });
         }
@@ -217,7 +227,9 @@ impl Security {
             return self.check_password(passwords, user, password.unwrap_or_default()).await;
         }
         if let (Some(jwt), Some(token)) = (&self.jwt, password.filter(|p| JwtVerifier::looks_like_token(p))) {
-            let claims = jwt.verify(token).map_err(|e| refuse(ReasonCode::BadUserNameOrPassword, format!("JWT: {e}")))?;
+            let claims = jwt
+                .verify(token)
+                .map_err(|e| refuse(ReasonCode::BadUserNameOrPassword, format!("JWT: {e}")))?;
             let username = match (claims.subject, username) {
                 (Some(sub), Some(user)) if sub != user => {
                     return Err(refuse(
@@ -250,7 +262,12 @@ impl Security {
         }
     }
 
-    async fn check_password(&self, file: Arc<PasswordFile>, user: &str, password: &[u8]) -> Result<Identity, Refusal> {
+    async fn check_password(
+        &self,
+        file: Arc<PasswordFile>,
+        user: &str,
+        password: &[u8],
+    ) -> Result<Identity, Refusal> {
         let busy = refuse(ReasonCode::ServerUnavailable, "password check unavailable");
         let _permit = self.hashing.acquire().await.map_err(|_| busy.clone())?;
         let (u, p) = (user.to_string(), password.to_vec());

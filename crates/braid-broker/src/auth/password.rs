@@ -45,7 +45,8 @@ impl PasswordFile {
 
     /// Reads and parses the file at `path`.
     pub fn load(path: &Path) -> Result<PasswordFile, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         PasswordFile::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
@@ -94,7 +95,8 @@ impl PasswordFile {
     /// async runtime.
     pub fn verify(&self, user: &str, password: &[u8]) -> Option<bool> {
         let hash = self.users.get(user)?;
-        let ok = PasswordHash::new(hash).is_ok_and(|h| Argon2::default().verify_password(password, &h).is_ok());
+        let ok =
+            PasswordHash::new(hash).is_ok_and(|h| Argon2::default().verify_password(password, &h).is_ok());
         Some(ok)
     }
 }

@@ -65,7 +65,17 @@ impl<'a> Inbound<'a> {
         acl: ConnectionAcl<'a>,
     ) -> Self {
         let limiter = PublishLimiter::new(&broker.config.limits, Instant::now());
-        Inbound { broker, session, version, aliases: HashMap::new(), transmit: false, held: None, acl, limiter, pause: None }
+        Inbound {
+            broker,
+            session,
+            version,
+            aliases: HashMap::new(),
+            transmit: false,
+            held: None,
+            acl,
+            limiter,
+            pause: None,
+        }
     }
 
     /// True (once) if the session may have deliveries to send since the last call.
@@ -180,7 +190,8 @@ impl<'a> Inbound<'a> {
         // Only the broker publishes under $SYS.
         if is_sys_topic(&p.topic) || !self.acl.may_publish(&p.topic) {
             // Acknowledge (v5: Not authorized) and drop; 3.1.x clients may be disconnected.
-            if !self.version.is_v5() && self.broker.config.acl.v3_denied_publish == DeniedPublish::Disconnect {
+            if !self.version.is_v5() && self.broker.config.acl.v3_denied_publish == DeniedPublish::Disconnect
+            {
                 return close(ReasonCode::NotAuthorized, "the ACL denies publishing to this topic");
             }
             Metrics::add(&self.broker.metrics.publishes_denied, 1);

@@ -234,7 +234,13 @@ struct Connection<'a> {
 
 impl Connection<'_> {
     /// Reads, handles and writes until the connection ends; returns how it ended.
-    async fn run<R, W>(&mut self, rd: &mut R, wr: &mut W, mut rbuf: ReadBuffer, acl: ConnectionAcl<'_>) -> Ending
+    async fn run<R, W>(
+        &mut self,
+        rd: &mut R,
+        wr: &mut W,
+        mut rbuf: ReadBuffer,
+        acl: ConnectionAcl<'_>,
+    ) -> Ending
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
