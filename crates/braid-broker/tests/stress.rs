@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 const HOSTILE: usize = 2000;
 const MESSAGES: u32 = 1000;
 /// `limits.max_connection_rate` for the run.
-const RATE: u32 = 1000;
+const RATE: u32 = 200;
 
 /// The legitimate publisher and subscriber, connected.
 async fn legit_clients(addr: std::net::SocketAddr, name: &str) -> (TestClient, TestClient) {
