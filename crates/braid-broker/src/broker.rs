@@ -17,8 +17,10 @@ use braid_proto::{
     RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
 };
 
+use crate::auth::{ConnectionAcl, Security};
 use crate::config::Config;
 use crate::control::ConnControl;
+use crate::limits::{topic_too_big, MemoryAlarm};
 use crate::message::{Delivery, Message};
 use crate::metrics::Metrics;
 use crate::retained::Retained;
@@ -36,6 +38,10 @@ pub struct Broker {
     pub started: Instant,
     /// Cancelled at shutdown: stops the listeners, timers and `$SYS`.
     pub shutdown: CancellationToken,
+    /// Authentication methods and ACL rules.
+    pub security: Security,
+    /// Raised while memory is above `limits.memory_high_watermark`.
+    pub memory: MemoryAlarm,
     sessions: Mutex<HashSet<ById>>,
     router: RwLock<Router>,
     retained: RwLock<Retained>,
@@ -74,6 +80,8 @@ impl Broker {
         let strategy = config.shared.strategy;
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
         Arc::new(Broker {
+            security: Security::new(&config),
+            memory: MemoryAlarm::new(config.limits.memory_high_watermark),
             config,
             metrics: Metrics::default(),
             started: Instant::now(),
@@ -216,8 +224,15 @@ impl Broker {
     }
 
     /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
-    /// caller writes before it transmits the session's queue.
-    pub fn subscribe(&self, session: &Arc<Session>, version: ProtocolVersion, sub: Subscribe) -> SubAck {
+    /// caller writes before it transmits the session's queue. Filters the ACL or the limits
+    /// refuse get 0x87 / 0x8F / 0x97 (3.1.x: 0x80).
+    pub fn subscribe(
+        &self,
+        session: &Arc<Session>,
+        version: ProtocolVersion,
+        sub: Subscribe,
+        acl: &mut ConnectionAcl<'_>,
+    ) -> SubAck {
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
         let mut retained_for = Vec::new();
@@ -226,6 +241,10 @@ impl Broker {
                 reasons.push(ReasonCode::TopicFilterInvalid);
                 continue;
             };
+            if let Some(refused) = self.refuse_filter(session, &filter, inner, acl) {
+                reasons.push(refused);
+                continue;
+            }
             options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
             let entry =
                 SubEntry { session: session.clone(), options, sub_id, merge_overlaps: !version.is_v5() };
@@ -254,6 +273,26 @@ impl Broker {
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
+    }
+
+    /// Why a new subscription to `filter` (inner filter `inner`) is refused, if it is.
+    fn refuse_filter(
+        &self,
+        session: &Session,
+        filter: &str,
+        inner: &str,
+        acl: &mut ConnectionAcl<'_>,
+    ) -> Option<ReasonCode> {
+        let limits = &self.config.limits;
+        if topic_too_big(limits, filter).is_some() {
+            return Some(ReasonCode::TopicFilterInvalid);
+        }
+        if !acl.may_subscribe(inner) {
+            return Some(ReasonCode::NotAuthorized);
+        }
+        let st = session.lock();
+        let full = limits.max_subscriptions > 0 && st.subscriptions.len() >= limits.max_subscriptions;
+        (full && !st.subscriptions.contains_key(filter)).then_some(ReasonCode::QuotaExceeded)
     }
 
     /// Handles UNSUBSCRIBE and returns the UNSUBACK.

@@ -3,7 +3,7 @@
 //! broker runs with no file at all. Every key is documented in `docs/configuration.md`.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
@@ -25,6 +25,12 @@ pub struct Config {
     pub sys: SysConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Authentication (see `docs/security.md`).
+    pub auth: AuthConfig,
+    /// Topic authorization rules.
+    pub acl: AclConfig,
+    /// Connection, rate, topic and memory limits.
+    pub limits: LimitsConfig,
 }
 
 /// Network listeners.
@@ -188,12 +194,121 @@ impl Default for LogConfig {
     }
 }
 
+/// Authentication: who may connect. Methods are tried in the order of `docs/security.md`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Accept clients that send neither user name nor password.
+    pub allow_anonymous: bool,
+    /// Password file written by `braid passwd` (none when absent).
+    pub password_file: Option<PathBuf>,
+    /// Seconds between checks of the password and ACL files for changes; 0 = only on SIGHUP.
+    pub reload_interval_secs: u64,
+    /// Key for JSON Web Tokens in the password field: the shared secret (HS256) or a PEM public
+    /// key (RS256, ES256). JWT is off when absent.
+    pub jwt_key_file: Option<PathBuf>,
+    /// `HS256`, `RS256` or `ES256`.
+    pub jwt_algorithm: String,
+    /// The claim that carries the client's ACL (absent claim: the ACL rules file applies).
+    pub jwt_acl_claim: String,
+    /// `http://host:port/path` asked (POST JSON) about credentials no other method knows.
+    pub http_url: Option<String>,
+    /// Milliseconds the HTTP hook may take; a slower answer denies.
+    pub http_timeout_ms: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            allow_anonymous: true,
+            password_file: None,
+            reload_interval_secs: 2,
+            jwt_key_file: None,
+            jwt_algorithm: "HS256".into(),
+            jwt_acl_claim: "acl".into(),
+            http_url: None,
+            http_timeout_ms: 2000,
+        }
+    }
+}
+
+/// What applies when no ACL rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AclPolicy {
+    /// Allow.
+    Allow,
+    /// Deny.
+    #[default]
+    Deny,
+}
+
+/// What a denied PUBLISH from an MQTT 3.1.x client does (v5 clients get reason 0x87).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DeniedPublish {
+    /// Acknowledge (QoS 1/2) and drop it; counted.
+    #[default]
+    Drop,
+    /// Close the connection.
+    Disconnect,
+}
+
+/// Topic authorization.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AclConfig {
+    /// The rules file (no file: every topic is allowed except publishing under `$SYS`).
+    pub file: Option<PathBuf>,
+    /// Policy when no rule matches.
+    pub default_policy: AclPolicy,
+    /// What a denied PUBLISH from a 3.1.x client does.
+    pub v3_denied_publish: DeniedPublish,
+}
+
+/// Connection, rate, topic and memory limits; 0 means unlimited where noted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Open client connections at once (0 = unlimited); more are closed when accepted.
+    pub max_connections: usize,
+    /// New connections accepted per second (0 = unlimited); more wait in the listen backlog.
+    pub max_connection_rate: u32,
+    /// PUBLISH packets per second per client (0 = unlimited); excess is slowed, not dropped.
+    pub publish_rate: u32,
+    /// PUBLISH bytes (topic plus payload) per second per client (0 = unlimited).
+    pub publish_bytes_rate: u64,
+    /// Longest topic name or filter, bytes.
+    pub max_topic_length: usize,
+    /// Most levels in a topic name or filter.
+    pub max_topic_levels: usize,
+    /// Subscriptions per client (0 = unlimited).
+    pub max_subscriptions: usize,
+    /// Resident memory, bytes, above which publishers are not read from (0 = off).
+    pub memory_high_watermark: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_connections: 0,
+            max_connection_rate: 0,
+            publish_rate: 0,
+            publish_bytes_rate: 0,
+            max_topic_length: 65_535,
+            max_topic_levels: 128,
+            max_subscriptions: 0,
+            memory_high_watermark: 0,
+        }
+    }
+}
+
 /// A configuration that could not be loaded; the message names the key and the problem.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(String);
 
-const SECTIONS: [&str; 6] = ["listeners", "mqtt", "session", "shared", "sys", "log"];
+const SECTIONS: [&str; 9] = ["listeners", "mqtt", "session", "shared", "sys", "log", "auth", "acl", "limits"];
 
 impl Config {
     /// Loads defaults, then `file` (if any), then `BRAID_*` environment variables, then
@@ -263,6 +378,19 @@ impl Config {
         if self.mqtt.max_keep_alive == 0 {
             return bad("mqtt.max_keep_alive", "must be at least 1");
         }
+        if !["HS256", "RS256", "ES256"].contains(&self.auth.jwt_algorithm.as_str()) {
+            return bad("auth.jwt_algorithm", "must be HS256, RS256 or ES256");
+        }
+        if self.auth.http_timeout_ms == 0 {
+            return bad("auth.http_timeout_ms", "must be at least 1");
+        }
+        if self.limits.max_topic_length == 0 {
+            return bad("limits.max_topic_length", "must be at least 1");
+        }
+        if self.limits.max_topic_levels == 0 {
+            return bad("limits.max_topic_levels", "must be at least 1");
+        }
+        crate::auth::Security::check(self).map_err(ConfigError)?;
         Ok(())
     }
 }

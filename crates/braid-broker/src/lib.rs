@@ -6,10 +6,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod broker;
 pub mod config;
 pub mod connection;
 pub mod control;
+pub mod limits;
 pub mod message;
 pub mod metrics;
 pub mod park;

@@ -23,6 +23,10 @@ pub struct Metrics {
     pub messages_dropped: AtomicU64,
     /// Publishes whose acknowledgement was held back by a full subscriber queue.
     pub publishes_held: AtomicU64,
+    /// Publishes refused by the ACL.
+    pub publishes_denied: AtomicU64,
+    /// Connections closed at accept: `limits.max_connections` reached.
+    pub connections_refused: AtomicU64,
 }
 
 impl Metrics {

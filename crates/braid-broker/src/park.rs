@@ -27,6 +27,7 @@ use tracing::warn;
 
 use braid_proto::{ByteString, ProtocolVersion};
 
+use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker};
 use crate::control::ConnControl;
 
@@ -41,6 +42,8 @@ pub(crate) struct Parked {
     pub accepted: Accepted,
     /// The protocol version it speaks.
     pub version: ProtocolVersion,
+    /// What it keeps of its authorization.
+    pub acl: Option<Box<AclSeed>>,
     /// Topic aliases the client defined (v5), if any. Boxed: 8 bytes for the common none.
     #[allow(clippy::box_collection)]
     pub aliases: Option<Box<HashMap<u16, ByteString>>>,
@@ -107,6 +110,7 @@ impl ParkingLot {
         accepted: Accepted,
         version: ProtocolVersion,
         aliases: HashMap<u16, ByteString>,
+        acl: Option<Box<AclSeed>>,
     ) -> Result<(), (Accepted, io::Error)> {
         let stream = match stream.into_std() {
             Ok(s) => s,
@@ -119,7 +123,7 @@ impl ParkingLot {
             let entry = slab.vacant_entry();
             let key = entry.key();
             let aliases = (!aliases.is_empty()).then(|| Box::new(aliases));
-            entry.insert(Box::new(Parked { stream, accepted, version, aliases }));
+            entry.insert(Box::new(Parked { stream, accepted, version, acl, aliases }));
             // Marked parked before the socket is watched, so that a readiness event finds it.
             ctl.set_parked(key);
             if let Err(e) = self.registry.register(&mut SourceFd(&fd), Token(key), Interest::READABLE) {

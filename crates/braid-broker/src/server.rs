@@ -14,6 +14,8 @@ use braid_proto::ReasonCode;
 
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::limits::TokenBucket;
+use crate::metrics::Metrics;
 use crate::park::ParkingLot;
 use crate::{connection, sys};
 
@@ -82,8 +84,12 @@ impl Server {
     /// (v5 clients get DISCONNECT 0x8B) and returns.
     pub async fn run(self) {
         info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
+        self.broker.security.log_startup();
         tokio::spawn(sys::run(self.broker.clone()));
         tokio::spawn(sweep_connections(self.broker.clone()));
+        tokio::spawn(watch_files(self.broker.clone()));
+        let broker = self.broker.clone();
+        tokio::spawn(async move { broker.memory.watch(broker.shutdown.clone()).await });
         let shutdown = self.broker.shutdown.clone();
         let connections = TaskTracker::new();
         let lot = match self.broker.config.listeners.park_after_secs {
@@ -96,10 +102,34 @@ impl Server {
                 }
             },
         };
+        let limits = &self.broker.config.limits;
+        let mut rate = (limits.max_connection_rate > 0)
+            .then(|| TokenBucket::new(f64::from(limits.max_connection_rate), std::time::Instant::now()));
+        let mut last_refusal_log = None;
         loop {
+            // Over the connection rate, newcomers wait in the listen backlog.
+            if let Some(wait) = rate.as_mut().map(|r| r.take(1.0, std::time::Instant::now())) {
+                if !wait.is_zero() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 accepted = self.tcp.accept() => match accepted {
+                    // Parked connections have no task but count.
+                    Ok((stream, _)) if limits.max_connections > 0
+                        && connections.len() + lot.as_ref().map_or(0, |l| l.len()) >= limits.max_connections => {
+                        Metrics::add(&self.broker.metrics.connections_refused, 1);
+                        // At most one log line a second.
+                        if last_refusal_log.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1)) {
+                            warn!(max = limits.max_connections, "limits.max_connections reached: closing new connections");
+                            last_refusal_log = Some(std::time::Instant::now());
+                        }
+                        drop(stream);
+                    }
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
                         connections.spawn(connection::tcp::serve(self.broker.clone(), stream, peer, lot.clone()));
@@ -126,6 +156,21 @@ impl Server {
 /// How often silent connections are looked for: a client is closed between 1.5 times its keep
 /// alive and that plus this (and an idle one parked within this of `park_after_secs`).
 const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
+
+/// Reloads the password and ACL files when they change (`auth.reload_interval_secs`).
+async fn watch_files(broker: Arc<Broker>) {
+    let secs = broker.config.auth.reload_interval_secs;
+    if secs == 0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(secs));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => broker.security.reload(false),
+            _ = broker.shutdown.cancelled() => return,
+        }
+    }
+}
 
 async fn sweep_connections(broker: Arc<Broker>) {
     let mut tick = tokio::time::interval(KEEP_ALIVE_SWEEP);

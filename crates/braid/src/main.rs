@@ -34,6 +34,8 @@ enum Command {
     Pub(cli::publish::PubArgs),
     /// Subscribe and print messages, mosquitto_sub flags: `braid sub -t 'topic/#' -v`.
     Sub(cli::subscribe::SubArgs),
+    /// Add, change or delete (-D) a user in a password file: `braid passwd FILE USER`.
+    Passwd(cli::passwd::PasswdArgs),
 }
 
 #[derive(clap::Args)]
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Pub(args) => cli::publish::run(args),
         Command::Sub(args) => cli::subscribe::run(args),
+        Command::Passwd(args) => cli::passwd::run(args),
     }
 }
 
@@ -106,6 +109,8 @@ fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let broker = server.broker().clone();
+        tokio::spawn(async move { reload_on_sighup(broker).await });
         let shutdown = server.broker().shutdown.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
@@ -114,6 +119,15 @@ fn serve(args: ServeArgs) -> ExitCode {
         server.run().await;
         ExitCode::SUCCESS
     })
+}
+
+/// Re-reads the password and ACL files on every SIGHUP.
+async fn reload_on_sighup(broker: std::sync::Arc<braid_broker::Broker>) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+    while hup.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the password and ACL files");
+        broker.security.reload(true);
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

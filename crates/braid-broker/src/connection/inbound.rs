@@ -9,7 +9,10 @@ use braid_proto::{
     encode, Ack, ByteString, BytesMut, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode,
 };
 
+use crate::auth::ConnectionAcl;
 use crate::broker::{Broker, Ending};
+use crate::config::DeniedPublish;
+use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::session::Session;
@@ -36,23 +39,41 @@ pub struct Inbound<'a> {
     transmit: bool,
     /// The acknowledgement of the last PUBLISH, while full subscriber queues hold it back.
     held: Option<Box<Held>>,
+    /// Which topics this client may use.
+    acl: ConnectionAcl<'a>,
+    /// The client's publish rate.
+    limiter: PublishLimiter,
+    /// Not reading from the client: over its publish rate, or the memory alarm is raised.
+    pause: Option<Pause>,
+}
+
+/// Why a connection is not read from, though no acknowledgement is held.
+#[derive(Debug, Clone, Copy)]
+enum Pause {
+    /// Over its publish rate: until then.
+    Until(Instant),
+    /// The memory alarm is raised: until it clears.
+    Memory,
 }
 
 impl<'a> Inbound<'a> {
     /// State for a connection that has just been accepted (or resumed with the topic aliases
-    /// its client defined).
+    /// its client defined), with its topic authorization.
     pub fn new(
         broker: &'a Arc<Broker>,
         session: &'a Arc<Session>,
         version: ProtocolVersion,
         aliases: HashMap<u16, ByteString>,
+        acl: ConnectionAcl<'a>,
     ) -> Self {
-        Inbound { broker, session, version, aliases, transmit: false, held: None }
+        let limiter = PublishLimiter::new(&broker.config.limits, Instant::now());
+        Inbound { broker, session, version, aliases, transmit: false, held: None, acl, limiter, pause: None }
     }
 
-    /// The topic aliases the client defined, for a connection that parks.
-    pub fn into_aliases(self) -> HashMap<u16, ByteString> {
-        self.aliases
+    /// What a connection that parks keeps: the topic aliases its client defined and its
+    /// authorization.
+    pub fn into_kept(self) -> (HashMap<u16, ByteString>, ConnectionAcl<'a>) {
+        (self.aliases, self.acl)
     }
 
     /// True (once) if the session may have deliveries to send since the last call.
@@ -83,7 +104,7 @@ impl<'a> Inbound<'a> {
             }
             Packet::Subscribe(s) => {
                 self.transmit = true;
-                Some(Packet::SubAck(self.broker.subscribe(self.session, self.version, s)))
+                Some(Packet::SubAck(self.broker.subscribe(self.session, self.version, s, &mut self.acl)))
             }
             Packet::Unsubscribe(u) => {
                 Some(Packet::UnsubAck(self.broker.unsubscribe(self.session, self.version, u)))
@@ -152,10 +173,26 @@ impl<'a> Inbound<'a> {
         if p.retain && !cfg.retain_available {
             return close(ReasonCode::RetainNotSupported, "retained messages are disabled");
         }
+        if let Some(why) = topic_too_big(&self.broker.config.limits, &p.topic) {
+            return close(ReasonCode::TopicNameInvalid, why);
+        }
         Metrics::add(&self.broker.metrics.messages_received, 1);
+        // Every PUBLISH, allowed or not, counts towards the rate; the pause starts after it.
+        if let Some(until) = self.limiter.on_publish(p.topic.len() + p.payload.len(), Instant::now()) {
+            self.pause = Some(Pause::Until(until));
+        }
+        if self.broker.memory.is_raised() {
+            self.pause = Some(Pause::Memory);
+        }
         let (qos, id) = (p.qos, p.packet_id);
-        if is_sys_topic(&p.topic) {
-            // Only the broker publishes under $SYS: acknowledge (v5: Not authorized) and drop.
+        // Only the broker publishes under $SYS.
+        if is_sys_topic(&p.topic) || !self.acl.may_publish(&p.topic) {
+            // Acknowledge (v5: Not authorized) and drop; 3.1.x clients may be disconnected.
+            if !self.version.is_v5() && self.broker.config.acl.v3_denied_publish == DeniedPublish::Disconnect
+            {
+                return close(ReasonCode::NotAuthorized, "the ACL denies publishing to this topic");
+            }
+            Metrics::add(&self.broker.metrics.publishes_denied, 1);
             Metrics::add(&self.broker.metrics.messages_dropped, 1);
             let ack = Ack::with_reason(id, ReasonCode::NotAuthorized);
             match qos {
@@ -205,19 +242,28 @@ impl<'a> Inbound<'a> {
         Flow::Continue
     }
 
-    /// True while an acknowledgement is held back by full subscriber queues: the connection
-    /// reads nothing more from this client until [`Inbound::release_held`] returns.
+    /// True while an acknowledgement is held back by full subscriber queues, or the client is
+    /// paused (publish rate, memory alarm): the connection reads nothing more from this client
+    /// until [`Inbound::release_held`] returns.
     pub fn is_held(&self) -> bool {
-        self.held.is_some()
+        self.held.is_some() || self.pause.is_some()
     }
 
     /// Waits until every subscriber queue that held the acknowledgement has drained (or its
     /// client went away), then returns the acknowledgement to send. A subscriber that holds it
     /// past `session.slow_consumer_timeout_secs` is disconnected. Cancel-safe; never resolves
-    /// when nothing is held.
-    pub async fn release_held(&mut self) -> Packet {
+    /// when nothing is held. A pause ends with None: nothing to send.
+    pub async fn release_held(&mut self) -> Option<Packet> {
         let timeout = self.broker.config.session.slow_consumer_timeout_secs;
-        let Some(held) = self.held.as_mut() else { return std::future::pending().await };
+        let Some(held) = self.held.as_mut() else {
+            match self.pause {
+                Some(Pause::Until(t)) => tokio::time::sleep_until(t.into()).await,
+                Some(Pause::Memory) => self.broker.memory.wait_cleared().await,
+                None => std::future::pending().await,
+            }
+            self.pause = None;
+            return None;
+        };
         while let Some(s) = held.sessions.last() {
             if timeout == 0 {
                 s.wait_for_space().await;
@@ -231,7 +277,7 @@ impl<'a> Inbound<'a> {
             held.sessions.pop();
         }
         match self.held.take() {
-            Some(h) => h.ack,
+            Some(h) => Some(h.ack),
             None => std::future::pending().await,
         }
     }

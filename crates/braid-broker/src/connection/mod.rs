@@ -18,6 +18,7 @@ use braid_proto::{
     ProtocolVersion, ReasonCode,
 };
 
+use crate::auth::{AclSeed, ConnectionAcl};
 use crate::broker::{Accepted, Broker, Ending};
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
@@ -31,17 +32,34 @@ const KEEP_WRITE_CAPACITY: usize = 16 * 1024;
 
 /// Serves one client on `rd`/`wr` until it disconnects, misbehaves, is taken over or the
 /// broker shuts down. (Plain TCP goes through [`tcp::serve`], which can also park.)
-pub async fn serve<R, W>(broker: Arc<Broker>, mut rd: R, mut wr: W, peer: SocketAddr)
+pub async fn serve<R, W>(broker: Arc<Broker>, rd: R, wr: W, peer: SocketAddr)
 where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
-    let Some(start) = handshake(&broker, &mut rd, &mut wr, peer).await else { return };
+    serve_verified(broker, rd, wr, peer, None).await
+}
+
+/// [`serve`] for a transport that has already established who the client is (the name in a
+/// verified TLS client certificate): `verified_username` is the client's user name, and
+/// authentication accepts it without looking at the CONNECT's credentials.
+pub async fn serve_verified<R, W>(
+    broker: Arc<Broker>,
+    mut rd: R,
+    mut wr: W,
+    peer: SocketAddr,
+    verified_username: Option<String>,
+) where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let Some(start) = handshake(&broker, &mut rd, &mut wr, peer, verified_username).await else { return };
     let mut conn = Connection::new(&broker, &start.accepted, start.version, peer, start.out);
-    let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new()).await {
+    let acl = broker.security.resume_acl(start.acl, &start.accepted.session.client_id);
+    let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new(), acl).await {
         Stop::End(ending) => ending,
         // Parking is only ever asked of connections whose transport allowed it.
-        Stop::Park(_) => Ending::WithWill,
+        Stop::Park(..) => Ending::WithWill,
     };
     conn.finish(&mut wr, ending).await;
 }
@@ -52,11 +70,20 @@ struct Start {
     version: ProtocolVersion,
     out: BytesMut,
     rbuf: ReadBuffer,
+    /// Who the client is, for its topic authorization.
+    acl: Option<Box<AclSeed>>,
 }
 
-/// Reads CONNECT (within the connect timeout) and attaches the session; None if the client was
-/// refused or went away, in which case the connection is already closed.
-async fn handshake<R, W>(broker: &Arc<Broker>, rd: &mut R, wr: &mut W, peer: SocketAddr) -> Option<Start>
+/// Reads CONNECT (within the connect timeout), authenticates the client and attaches the
+/// session; None if the client was refused or went away, in which case the connection is
+/// already closed.
+async fn handshake<R, W>(
+    broker: &Arc<Broker>,
+    rd: &mut R,
+    wr: &mut W,
+    peer: SocketAddr,
+    verified_username: Option<String>,
+) -> Option<Start>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -89,6 +116,23 @@ where
         Ok(Ok(c)) => c,
     };
     let version = connect.protocol;
+    let identity = match broker.security.authenticate(&connect, verified_username.as_deref()).await {
+        Ok(identity) => identity,
+        Err(r) => {
+            info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {} ({})", r.detail, r.reason.description());
+            Box::pin(refuse(wr, version, r.reason)).await;
+            return None;
+        }
+    };
+    let user = identity.username.clone();
+    let acl = broker.security.seed(identity, &connect.client_id);
+    if let Some(will) = &connect.will {
+        if !broker.security.resume_acl(acl.clone(), &connect.client_id).may_publish(&will.topic) {
+            info!(%peer, client_id = %connect.client_id, topic = %will.topic, "refusing CONNECT: the ACL denies the will topic");
+            Box::pin(refuse(wr, version, ReasonCode::NotAuthorized)).await;
+            return None;
+        }
+    }
     let (accepted, connack) = match broker.connect(&connect) {
         Ok(a) => a,
         Err(reason) => {
@@ -97,18 +141,19 @@ where
             return None;
         }
     };
-    debug!(%peer, client_id = %accepted.session.client_id, ?version, "client connected");
+    debug!(%peer, client_id = %accepted.session.client_id, ?version, ?user, "client connected");
     let mut out = BytesMut::new();
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
-    Some(Start { accepted, version, out, rbuf })
+    Some(Start { accepted, version, out, rbuf, acl })
 }
 
 /// Why [`Connection::run`] returned.
 enum Stop {
     /// The connection is over.
     End(Ending),
-    /// The connection is idle and was asked to park; these are its client's topic aliases.
-    Park(HashMap<u16, ByteString>),
+    /// The connection is idle and was asked to park; these are its client's topic aliases and
+    /// what it keeps of its authorization.
+    Park(HashMap<u16, ByteString>, Option<Box<AclSeed>>),
 }
 
 /// What woke a connection.
@@ -117,8 +162,8 @@ enum Event {
     Woken,
     /// A write completed (0 bytes or an error ends the connection).
     Wrote(std::io::Result<usize>),
-    /// The held acknowledgement may go out.
-    Released(Packet),
+    /// The held acknowledgement may go out (None: a pause ended, nothing to send).
+    Released(Option<Packet>),
     /// A read completed (0 bytes is end of stream).
     Read(std::io::Result<usize>),
 }
@@ -152,8 +197,8 @@ async fn wait_busy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     }
 }
 
-/// Waits for the held acknowledgement when there is one.
-async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Packet {
+/// Waits for the held acknowledgement or the end of a pause when there is one.
+async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Option<Packet> {
     if held {
         inbound.release_held().await
     } else {
@@ -245,13 +290,14 @@ impl<'a> Connection<'a> {
         wr: &mut W,
         mut rbuf: ReadBuffer,
         aliases: HashMap<u16, ByteString>,
+        acl: ConnectionAcl<'_>,
     ) -> Stop
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
         let (broker, a) = (self.broker, self.a);
-        let mut inbound = Inbound::new(broker, &a.session, self.version, aliases);
+        let mut inbound = Inbound::new(broker, &a.session, self.version, aliases, acl);
         let max = broker.config.mqtt.max_packet_size;
         // Deliveries may be waiting already (a resumed session): look before the first wait.
         let mut transmit = true;
@@ -302,7 +348,8 @@ impl<'a> Connection<'a> {
             let idle = !held && self.out.is_empty();
             if idle && !transmit && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
                 // Nothing to read, write or send since the last wake: give up the task.
-                return Stop::Park(inbound.into_aliases());
+                let (aliases, acl) = inbound.into_kept();
+                return Stop::Park(aliases, acl.into_seed());
             }
             let event = if idle {
                 wait_idle(&a.ctl, &mut rbuf, rd).await
@@ -338,7 +385,11 @@ impl<'a> Connection<'a> {
                         }
                     }
                 }
-                Event::Released(ack) => inbound.reply(&ack, &mut self.out),
+                Event::Released(ack) => {
+                    if let Some(ack) = ack {
+                        inbound.reply(&ack, &mut self.out);
+                    }
+                }
                 Event::Read(Ok(n)) if n > 0 => {
                     a.ctl.touch(broker.now_ms());
                     Metrics::add(&broker.metrics.bytes_received, n as u64);

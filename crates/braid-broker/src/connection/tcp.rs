@@ -12,6 +12,7 @@ use tracing::warn;
 use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 
 use super::{handshake, Connection, Stop};
+use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
 use crate::metrics::Metrics;
 use crate::park::{Parked, ParkingLot};
@@ -25,18 +26,19 @@ pub async fn serve(
 ) {
     let start = {
         let (mut rd, mut wr) = stream.split();
-        handshake(&broker, &mut rd, &mut wr, peer).await
+        handshake(&broker, &mut rd, &mut wr, peer, None).await
     };
     let Some(start) = start else { return };
     if let Some(lot) = &lot {
         start.accepted.ctl.allow_parking(lot);
     }
-    drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, HashMap::new()).await;
+    let kept = (HashMap::new(), start.acl);
+    drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
 }
 
 /// Carries on with a connection that was parked.
 pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
-    let Parked { stream, accepted, version, aliases } = parked;
+    let Parked { stream, accepted, version, aliases, acl } = parked;
     broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
     let stream = match TcpStream::from_std(stream) {
         Ok(s) => s,
@@ -47,9 +49,12 @@ pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
         }
     };
     let peer = stream.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let aliases = aliases.map(|a| *a).unwrap_or_default();
-    drive(broker, stream, peer, accepted, version, BytesMut::new(), ReadBuffer::default(), aliases).await;
+    let kept = (aliases.map(|a| *a).unwrap_or_default(), acl);
+    drive(broker, stream, peer, accepted, version, BytesMut::new(), ReadBuffer::default(), kept).await;
 }
+
+/// What a connection keeps across parking: its client's topic aliases and its authorization.
+type Kept = (HashMap<u16, ByteString>, Option<Box<AclSeed>>);
 
 /// Runs the connection until it ends (then closes it) or parks.
 #[allow(clippy::too_many_arguments)]
@@ -61,21 +66,22 @@ async fn drive(
     version: ProtocolVersion,
     out: BytesMut,
     rbuf: ReadBuffer,
-    aliases: HashMap<u16, ByteString>,
+    (aliases, acl): Kept,
 ) {
     let mut conn = Connection::new(&broker, &accepted, version, peer, out);
     let stop = {
         let (mut rd, mut wr) = stream.split();
-        conn.run(&mut rd, &mut wr, rbuf, aliases).await
+        let acl = broker.security.resume_acl(acl, &accepted.session.client_id);
+        conn.run(&mut rd, &mut wr, rbuf, aliases, acl).await
     };
     let ending = match stop {
         Stop::End(ending) => ending,
-        Stop::Park(aliases) => {
+        Stop::Park(aliases, acl) => {
             drop(conn);
             // Counted before the lot can hand it back, so the gauge never dips below zero.
             Metrics::add(&broker.metrics.clients_parked, 1);
             let parked = match accepted.ctl.lot().cloned() {
-                Some(lot) => lot.park(stream, accepted, version, aliases),
+                Some(lot) => lot.park(stream, accepted, version, aliases, acl),
                 None => Err((accepted, io::Error::other("parking is not enabled"))),
             };
             if let Err((accepted, e)) = parked {

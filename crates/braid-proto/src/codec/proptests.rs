@@ -317,4 +317,44 @@ proptest! {
             decode_all(&bytes, version, u32::MAX);
         }
     }
+
+    #[test]
+    fn no_decoded_packet_exceeds_the_maximum(bytes in vec(any::<u8>(), 0..512), max in 2..600u32) {
+        // Hostile input cannot smuggle a packet larger than the limit past the decoder.
+        for version in VERSIONS {
+            let mut buf = BytesMut::from(&bytes[..]);
+            let mut before = buf.len();
+            while let Ok(Some(_)) = decode(&mut buf, version, max) {
+                prop_assert!((before - buf.len()) as u32 <= max);
+                before = buf.len();
+            }
+        }
+    }
+
+    #[test]
+    fn a_stream_split_anywhere_decodes_like_the_whole(
+        packets in vec(any_valid().prop_filter("one version", |(_, v)| *v == ProtocolVersion::V5), 1..5),
+        cuts in vec(any::<prop::sample::Index>(), 0..6),
+    ) {
+        // The broker sees TCP segments, not packets: however the bytes are split (a slow-loris
+        // client trickles them), the same packets come out.
+        let version = ProtocolVersion::V5;
+        let mut stream = BytesMut::new();
+        for (p, _) in &packets {
+            encode(p, version, &mut stream).unwrap();
+        }
+        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
+        points.push(stream.len());
+        points.sort_unstable();
+        let (mut buf, mut got, mut from) = (BytesMut::new(), Vec::new(), 0);
+        for to in points {
+            buf.extend_from_slice(&stream[from..to]);
+            from = to;
+            while let Some(p) = decode(&mut buf, version, u32::MAX).unwrap() {
+                got.push(p);
+            }
+        }
+        prop_assert!(buf.is_empty());
+        prop_assert_eq!(got, packets.into_iter().map(|(p, _)| p).collect::<Vec<_>>());
+    }
 }

@@ -2,6 +2,7 @@
 //! mosquitto_sub flags, built on braid-client. This module holds what both share: connection
 //! flags, v5 properties (`-D`, `--user-property`), parsing helpers and exit codes.
 
+pub mod passwd;
 pub mod publish;
 pub mod subscribe;
 
