@@ -14,6 +14,7 @@ use braid_proto::ReasonCode;
 
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::listener::{self, Listeners};
 use crate::{connection, sys};
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
@@ -22,6 +23,8 @@ use crate::{connection, sys};
 pub struct Running {
     /// Where the MQTT/TCP listener is bound.
     pub addr: SocketAddr,
+    /// Where the TLS, WebSocket and WSS listeners are bound, if configured.
+    pub addrs: listener::Addrs,
     /// The shared broker state (config, metrics, shutdown token).
     pub broker: Arc<Broker>,
     task: Option<JoinHandle<()>>,
@@ -47,24 +50,28 @@ impl Drop for Running {
 pub struct Server {
     broker: Arc<Broker>,
     tcp: TcpListener,
+    listeners: Listeners,
 }
 
 impl Server {
-    /// Binds every configured listener.
+    /// Binds every configured listener. Unusable TLS files are an `InvalidInput` error that
+    /// names the key and the file.
     pub async fn bind(config: Config) -> io::Result<Server> {
         let addr = config.listeners.tcp;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
-        Ok(Server { broker: Broker::new(config), tcp })
+        let listeners = Listeners::bind(&config).await?;
+        Ok(Server { broker: Broker::new(config), tcp, listeners })
     }
 
     /// Binds `config` and runs the server in a task of the current runtime.
     pub async fn spawn(config: Config) -> io::Result<Running> {
         let server = Server::bind(config).await?;
         let (addr, broker) = (server.local_addr(), server.broker().clone());
+        let addrs = server.listeners.addrs();
         let task = tokio::spawn(server.run());
-        Ok(Running { addr, broker, task: Some(task) })
+        Ok(Running { addr, addrs, broker, task: Some(task) })
     }
 
     /// The address the MQTT/TCP listener is bound to.
@@ -85,6 +92,7 @@ impl Server {
         tokio::spawn(sweep_keep_alive(self.broker.clone()));
         let shutdown = self.broker.shutdown.clone();
         let connections = TaskTracker::new();
+        self.listeners.spawn(&self.broker, &connections);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,

@@ -96,6 +96,11 @@ fn serve(args: ServeArgs) -> ExitCode {
     runtime.block_on(async move {
         let server = match Server::bind(config).await {
             Ok(s) => s,
+            // Unusable TLS files are a configuration error; a listener that cannot open is not.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                eprintln!("braid: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
             Err(e) => {
                 eprintln!("braid: {e}");
                 return ExitCode::FAILURE;

@@ -12,8 +12,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
 use braid_proto::{
-    decode, encode, BytesMut, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties, ProtocolVersion,
-    ReasonCode,
+    decode, encode, ByteString, BytesMut, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties,
+    ProtocolVersion, ReasonCode,
 };
 
 use crate::broker::{Accepted, Broker, Ending};
@@ -29,8 +29,24 @@ const KEEP_WRITE_CAPACITY: usize = 16 * 1024;
 
 /// Serves one client on `rd`/`wr` until it disconnects, misbehaves, is taken over or the
 /// broker shuts down.
-pub async fn serve<R, W>(broker: Arc<Broker>, mut rd: R, mut wr: W, peer: SocketAddr)
+pub async fn serve<R, W>(broker: Arc<Broker>, rd: R, wr: W, peer: SocketAddr)
 where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    serve_as(broker, rd, wr, peer, None).await
+}
+
+/// [`serve`] for a client the transport has identified (a TLS client certificate with
+/// `tls.use_cn_as_username`): `username`, when set, replaces the CONNECT's user name before
+/// the broker sees it, so the rest of the broker only knows that name.
+pub async fn serve_as<R, W>(
+    broker: Arc<Broker>,
+    mut rd: R,
+    mut wr: W,
+    peer: SocketAddr,
+    username: Option<ByteString>,
+) where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
@@ -44,7 +60,7 @@ where
         }
     })
     .await;
-    let connect = match first {
+    let mut connect = match first {
         Err(_) => {
             info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
             return;
@@ -61,6 +77,9 @@ where
         }
         Ok(Ok(c)) => c,
     };
+    if let Some(name) = username {
+        connect.username = Some(name);
+    }
     let version = connect.protocol;
     let (accepted, connack) = match broker.connect(&connect) {
         Ok(a) => a,
