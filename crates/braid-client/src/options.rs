@@ -25,7 +25,7 @@ pub enum Transport {
 }
 
 /// How to open and check a TLS connection.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TlsOptions {
     /// PEM CA certificates the server's certificate must chain to. Default none: the
     /// system's CA store.

@@ -1,9 +1,10 @@
 //! TLS for the client: the rustls `ClientConfig` a [`TlsOptions`] describes (ring provider,
 //! TLS 1.2 and 1.3), and the handshake.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
@@ -53,8 +54,21 @@ fn roots(opts: &TlsOptions) -> io::Result<RootCertStore> {
     Ok(roots)
 }
 
-/// Builds the client config `opts` describes.
+/// The client config for `opts`, built once per process for the same options: thousands of
+/// bench clients share one, and with it the TLS session cache that makes reconnects cheap.
 fn client_config(opts: &TlsOptions) -> io::Result<Arc<ClientConfig>> {
+    static CONFIGS: OnceLock<Mutex<HashMap<TlsOptions, Arc<ClientConfig>>>> = OnceLock::new();
+    let mut configs = CONFIGS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(config) = configs.get(opts) {
+        return Ok(config.clone());
+    }
+    let config = build_client_config(opts)?;
+    configs.insert(opts.clone(), config.clone());
+    Ok(config)
+}
+
+/// Builds the client config `opts` describes.
+fn build_client_config(opts: &TlsOptions) -> io::Result<Arc<ClientConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

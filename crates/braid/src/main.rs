@@ -11,6 +11,7 @@ use braid_broker::{Config, Server};
 
 mod bench;
 mod cli;
+mod transport_args;
 
 #[derive(Parser)]
 #[command(name = "braid", version, about = "Braid: an MQTT 3.1, 3.1.1 and 5.0 broker")]
