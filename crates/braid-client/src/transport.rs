@@ -7,7 +7,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use braid_proto::tokio_tungstenite::client_async;
+use braid_proto::tokio_tungstenite::client_async_with_config;
 use braid_proto::tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use braid_proto::tokio_tungstenite::tungstenite::http::HeaderValue;
 use braid_proto::{ProtocolVersion, WriteThrough, WsStream};
@@ -16,6 +16,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::{tls, ClientOptions, Transport};
+
+/// Largest WebSocket message accepted without a `max_packet_size`: the largest MQTT packet.
+const MQTT_MAX_MESSAGE: usize = 268_435_455 + 5;
 
 /// A stream that is neither plain TCP nor split natively (TLS, WebSocket).
 pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin + Debug {}
@@ -80,7 +83,10 @@ where
     let mut request = url.as_str().into_client_request().map_err(|e| bad(&e))?;
     let subprotocol = if opts.version == ProtocolVersion::V3_1 { "mqttv3.1" } else { "mqtt" };
     request.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_static(subprotocol));
-    let (ws, _) = client_async(request, stream).await.map_err(|e| {
+    let max_message = opts.max_packet_size.map_or(MQTT_MAX_MESSAGE, |m| (m as usize).max(16 << 20));
+    let (ws, _) = client_async_with_config(request, stream, Some(WsStream::<S>::config(max_message)))
+        .await
+        .map_err(|e| {
         io::Error::new(io::ErrorKind::ConnectionRefused, format!("WebSocket handshake with {url}: {e}"))
     })?;
     Ok(WsStream::new(ws))

@@ -11,7 +11,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use braid_proto::tokio_tungstenite::accept_hdr_async_with_config;
 use braid_proto::tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use braid_proto::tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
-use braid_proto::tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use braid_proto::WsStream;
 
 use crate::config::Config;
@@ -72,8 +71,7 @@ where
             Err(()) => Err(refusal(StatusCode::BAD_REQUEST, "subprotocol must be mqtt or mqttv3.1".into())),
         }
     };
-    let max = max_message(config);
-    let ws_config = WebSocketConfig::default().max_message_size(Some(max)).max_frame_size(Some(max));
+    let ws_config = WsStream::<S>::config(max_message(config));
     let ws = accept_hdr_async_with_config(stream, check, Some(ws_config)).await.map_err(|e| e.to_string())?;
     Ok(WsStream::new(ws))
 }
