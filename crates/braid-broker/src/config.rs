@@ -31,6 +31,8 @@ pub struct Config {
     pub acl: AclConfig,
     /// Connection, rate, topic and memory limits.
     pub limits: LimitsConfig,
+    /// Certificates for the TLS and WSS listeners.
+    pub tls: TlsConfig,
 }
 
 /// Network listeners.
@@ -42,11 +44,112 @@ pub struct Listeners {
     /// Seconds of silence (both ways) after which a plain-TCP connection parks: it gives up its
     /// task and buffers until bytes, a delivery or a close arrive. 0 = never.
     pub park_after_secs: u64,
+    /// MQTT over TLS (off unless set; usually port 8883).
+    pub tls: Option<SocketAddr>,
+    /// MQTT over WebSocket (off unless set; e.g. port 8080).
+    pub ws: Option<SocketAddr>,
+    /// MQTT over WebSocket over TLS (off unless set; e.g. port 8084).
+    pub wss: Option<SocketAddr>,
+    /// The HTTP path WebSocket clients connect to.
+    pub ws_path: String,
 }
 
 impl Default for Listeners {
     fn default() -> Self {
-        Listeners { tcp: SocketAddr::from(([0, 0, 0, 0], 1883)), park_after_secs: 5 }
+        Listeners {
+            tcp: SocketAddr::from(([0, 0, 0, 0], 1883)),
+            tls: None,
+            ws: None,
+            wss: None,
+            ws_path: "/mqtt".into(),
+            park_after_secs: 5,
+        }
+    }
+}
+
+/// Whether TLS clients must present a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// No client certificate is asked for.
+    #[default]
+    None,
+    /// A certificate is asked for; if one is sent it must verify against `tls.client_ca`.
+    Optional,
+    /// A certificate verifying against `tls.client_ca` is required.
+    Require,
+}
+
+/// The lowest TLS version accepted: `"1.2"` or `"1.3"` (a bare `1.3` from a flag or the
+/// environment is read as the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(try_from = "VersionText")]
+pub enum TlsVersion {
+    /// TLS 1.2 and 1.3.
+    #[default]
+    #[serde(rename = "1.2")]
+    Tls12,
+    /// TLS 1.3 only.
+    #[serde(rename = "1.3")]
+    Tls13,
+}
+
+/// A TLS version as written: a string or a number.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum VersionText {
+    Text(String),
+    Number(f64),
+}
+
+impl TryFrom<VersionText> for TlsVersion {
+    type Error = String;
+
+    fn try_from(v: VersionText) -> Result<Self, String> {
+        let text = match v {
+            VersionText::Text(t) => t,
+            VersionText::Number(n) => n.to_string(),
+        };
+        match text.as_str() {
+            "1.2" => Ok(TlsVersion::Tls12),
+            "1.3" => Ok(TlsVersion::Tls13),
+            other => Err(format!("{other:?} is not a supported TLS version (\"1.2\" or \"1.3\")")),
+        }
+    }
+}
+
+/// Certificates for the TLS and WSS listeners (see `docs/transports.md`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain, leaf first.
+    pub cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: Option<PathBuf>,
+    /// PEM CA certificates that client certificates are verified against.
+    pub client_ca: Option<PathBuf>,
+    /// Whether clients must present a certificate.
+    pub client_auth: ClientAuth,
+    /// The client certificate's CN (or first DNS/e-mail SAN) replaces the CONNECT user name.
+    pub use_cn_as_username: bool,
+    /// The lowest TLS version accepted.
+    pub min_version: TlsVersion,
+    /// Seconds between checks of the files' modification times (reload on change); 0 reloads
+    /// on SIGHUP only.
+    pub reload_interval_secs: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert: None,
+            key: None,
+            client_ca: None,
+            client_auth: ClientAuth::None,
+            use_cn_as_username: false,
+            min_version: TlsVersion::Tls12,
+            reload_interval_secs: 5,
+        }
     }
 }
 
@@ -308,7 +411,8 @@ impl Default for LimitsConfig {
 #[error("{0}")]
 pub struct ConfigError(String);
 
-const SECTIONS: [&str; 9] = ["listeners", "mqtt", "session", "shared", "sys", "log", "auth", "acl", "limits"];
+const SECTIONS: [&str; 10] =
+    ["listeners", "mqtt", "session", "shared", "sys", "log", "auth", "acl", "limits", "tls"];
 
 impl Config {
     /// Loads defaults, then `file` (if any), then `BRAID_*` environment variables, then
@@ -391,6 +495,23 @@ impl Config {
             return bad("limits.max_topic_levels", "must be at least 1");
         }
         crate::auth::Security::check(self).map_err(ConfigError)?;
+        if !self.listeners.ws_path.starts_with('/') {
+            return bad("listeners.ws_path", "must start with /");
+        }
+        let tls_listener = [("listeners.tls", self.listeners.tls), ("listeners.wss", self.listeners.wss)]
+            .into_iter()
+            .find(|(_, addr)| addr.is_some());
+        if let Some((listener, _)) = tls_listener {
+            if self.tls.cert.is_none() || self.tls.key.is_none() {
+                return bad("tls.cert", &format!("{listener} is set: tls.cert and tls.key are required"));
+            }
+        }
+        if self.tls.client_auth != ClientAuth::None && self.tls.client_ca.is_none() {
+            return bad("tls.client_ca", "required when tls.client_auth is optional or require");
+        }
+        if self.tls.use_cn_as_username && self.tls.client_auth == ClientAuth::None {
+            return bad("tls.use_cn_as_username", "needs tls.client_auth = optional or require");
+        }
         Ok(())
     }
 }
@@ -478,6 +599,22 @@ mod tests {
     fn out_of_range_value_names_the_key() {
         let err = Config::load(None, &["mqtt.max_qos=3".into()]).unwrap_err().to_string();
         assert!(err.starts_with("mqtt.max_qos"), "{err}");
+    }
+
+    #[test]
+    fn tls_listeners_are_off_by_default_and_need_a_certificate() {
+        let c = Config::load(None, &[]).unwrap();
+        assert!(c.listeners.tls.is_none() && c.listeners.ws.is_none() && c.listeners.wss.is_none());
+        let c = Config::load(None, &["listeners.ws=127.0.0.1:8080".into()]).unwrap();
+        assert_eq!(c.listeners.ws, Some(SocketAddr::from(([127, 0, 0, 1], 8080))));
+        let err = Config::load(None, &["listeners.tls=0.0.0.0:8883".into()]).unwrap_err().to_string();
+        assert!(err.starts_with("tls.cert") && err.contains("listeners.tls"), "{err}");
+        let err = Config::load(None, &["tls.client_auth=require".into()]).unwrap_err().to_string();
+        assert!(err.starts_with("tls.client_ca"), "{err}");
+        let err = Config::load(None, &["tls.min_version=1.1".into()]).unwrap_err().to_string();
+        assert!(err.contains("tls.min_version"), "{err}");
+        let c = Config::load(None, &["tls.min_version=1.3".into()]).unwrap();
+        assert_eq!(c.tls.min_version, TlsVersion::Tls13);
     }
 
     #[test]

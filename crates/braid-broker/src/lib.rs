@@ -1,17 +1,20 @@
 //! The Braid MQTT broker.
 //!
-//! Layers, top to bottom: [`server`] (listeners), [`connection`] (one client: reader and
+//! Layers, top to bottom: [`server`] and [`listener`] (TCP, TLS, WebSocket; [`tls`] loads
+//! the certificates), [`connection`] (one client: reader and
 //! writer), [`session`] (sans-IO per-client state), [`router`] (topic trie and shared groups),
 //! [`retained`]. [`broker::Broker`] ties them together.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod auth;
 pub mod broker;
 pub mod config;
 pub mod connection;
 pub mod control;
 pub mod limits;
+pub mod listener;
 pub mod message;
 pub mod metrics;
 pub mod park;
@@ -20,6 +23,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 mod sys;
+pub mod tls;
 
 pub use broker::Broker;
 pub use config::Config;

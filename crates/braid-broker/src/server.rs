@@ -12,10 +12,10 @@ use tracing::{info, warn};
 
 use braid_proto::ReasonCode;
 
+use crate::admission::Admission;
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::limits::TokenBucket;
-use crate::metrics::Metrics;
+use crate::listener::{self, Listeners};
 use crate::park::ParkingLot;
 use crate::{connection, sys};
 
@@ -25,6 +25,8 @@ use crate::{connection, sys};
 pub struct Running {
     /// Where the MQTT/TCP listener is bound.
     pub addr: SocketAddr,
+    /// Where the TLS, WebSocket and WSS listeners are bound, if configured.
+    pub addrs: listener::Addrs,
     /// The shared broker state (config, metrics, shutdown token).
     pub broker: Arc<Broker>,
     task: Option<JoinHandle<()>>,
@@ -50,24 +52,28 @@ impl Drop for Running {
 pub struct Server {
     broker: Arc<Broker>,
     tcp: TcpListener,
+    listeners: Listeners,
 }
 
 impl Server {
-    /// Binds every configured listener.
+    /// Binds every configured listener. Unusable TLS files are an `InvalidInput` error that
+    /// names the key and the file.
     pub async fn bind(config: Config) -> io::Result<Server> {
         let addr = config.listeners.tcp;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
-        Ok(Server { broker: Broker::new(config), tcp })
+        let listeners = Listeners::bind(&config).await?;
+        Ok(Server { broker: Broker::new(config), tcp, listeners })
     }
 
     /// Binds `config` and runs the server in a task of the current runtime.
     pub async fn spawn(config: Config) -> io::Result<Running> {
         let server = Server::bind(config).await?;
         let (addr, broker) = (server.local_addr(), server.broker().clone());
+        let addrs = server.listeners.addrs();
         let task = tokio::spawn(server.run());
-        Ok(Running { addr, broker, task: Some(task) })
+        Ok(Running { addr, addrs, broker, task: Some(task) })
     }
 
     /// The address the MQTT/TCP listener is bound to.
@@ -102,34 +108,14 @@ impl Server {
                 }
             },
         };
-        let limits = &self.broker.config.limits;
-        let mut rate = (limits.max_connection_rate > 0)
-            .then(|| TokenBucket::new(f64::from(limits.max_connection_rate), std::time::Instant::now()));
-        let mut last_refusal_log = None;
+        let admission = Arc::new(Admission::new(&self.broker, &connections, lot.clone()));
+        self.listeners.spawn(&self.broker, &connections, &admission);
         loop {
-            // Over the connection rate, newcomers wait in the listen backlog.
-            if let Some(wait) = rate.as_mut().map(|r| r.take(1.0, std::time::Instant::now())) {
-                if !wait.is_zero() {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(wait) => {}
-                    }
-                }
-            }
+            admission.pace().await;
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 accepted = self.tcp.accept() => match accepted {
-                    // Parked connections have no task but count.
-                    Ok((stream, _)) if limits.max_connections > 0
-                        && connections.len() + lot.as_ref().map_or(0, |l| l.len()) >= limits.max_connections => {
-                        Metrics::add(&self.broker.metrics.connections_refused, 1);
-                        // At most one log line a second.
-                        if last_refusal_log.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1)) {
-                            warn!(max = limits.max_connections, "limits.max_connections reached: closing new connections");
-                            last_refusal_log = Some(std::time::Instant::now());
-                        }
-                        drop(stream);
-                    }
+                    Ok((stream, _)) if !admission.admit() => drop(stream),
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
                         connections.spawn(connection::tcp::serve(self.broker.clone(), stream, peer, lot.clone()));

@@ -59,7 +59,7 @@ mod inbound;
 mod inflight;
 mod message;
 mod options;
-
+mod tls;
 mod transport;
 
 pub use braid_proto::{
@@ -69,4 +69,4 @@ pub use braid_proto::{
 pub use client::{Client, PublishHandle};
 pub use error::Error;
 pub use message::{Connected, Event, Message};
-pub use options::{ClientOptions, Reconnect, Transport, Will};
+pub use options::{ClientOptions, Reconnect, TlsOptions, Transport, Will};

@@ -1,16 +1,44 @@
 //! How to connect: [`ClientOptions`] and its parts.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use braid_proto::{Bytes, Properties, ProtocolVersion, QoS};
 
-/// The network transport. An enum so that TLS, WebSocket and QUIC can be added later without
-/// changing callers.
+/// The network transport. Every transport carries the same MQTT; only how bytes reach the
+/// server differs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
     /// MQTT over plain TCP.
     #[default]
     Tcp,
+    /// MQTT over TLS (usually port 8883).
+    Tls(TlsOptions),
+    /// MQTT over WebSocket at `path` (usually `/mqtt`, subprotocol `mqtt`); over TLS (WSS)
+    /// when `tls` is set.
+    WebSocket {
+        /// The HTTP path of the MQTT endpoint.
+        path: String,
+        /// TLS options for WSS; `None` for plain WebSocket.
+        tls: Option<TlsOptions>,
+    },
+}
+
+/// How to open and check a TLS connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TlsOptions {
+    /// PEM CA certificates the server's certificate must chain to. Default none: the
+    /// system's CA store.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for servers that ask for one (with `key`).
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+    /// Accept any server certificate and name (for self-signed test certificates only: this
+    /// gives up the protection TLS offers against a man in the middle).
+    pub insecure: bool,
+    /// The name sent in SNI and checked against the certificate. Default: the host.
+    pub server_name: Option<String>,
 }
 
 /// The will message the server publishes if the connection ends without a normal DISCONNECT.

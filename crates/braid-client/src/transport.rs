@@ -1,45 +1,102 @@
-//! Byte streams to the server. One variant per transport; the connection task reads from a
-//! [`ReadHalf`] and writes to a [`WriteHalf`] in one select loop.
+//! Byte streams to the server: TCP, TLS, WebSocket and WebSocket over TLS. The connection task
+//! reads from a [`ReadHalf`] and writes to a [`WriteHalf`] in one select loop, whatever the
+//! transport.
 
+use std::fmt::Debug;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use braid_proto::tokio_tungstenite::client_async_with_config;
+use braid_proto::tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use braid_proto::tokio_tungstenite::tungstenite::http::HeaderValue;
+use braid_proto::{ProtocolVersion, WriteThrough, WsStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use crate::{ClientOptions, Transport};
+use crate::{tls, ClientOptions, Transport};
+
+/// Largest WebSocket message accepted without a `max_packet_size`: the largest MQTT packet.
+const MQTT_MAX_MESSAGE: usize = 268_435_455 + 5;
+
+/// A stream that is neither plain TCP nor split natively (TLS, WebSocket).
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin + Debug {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + Debug> Io for T {}
+
+pub(crate) type Boxed = Box<dyn Io>;
 
 /// The reading side of a connection.
 #[derive(Debug)]
 pub(crate) enum ReadHalf {
     Tcp(OwnedReadHalf),
+    Boxed(tokio::io::ReadHalf<Boxed>),
 }
 
-/// The writing side of a connection.
+/// The writing side of a connection. TLS and WebSocket streams hold back what they were given
+/// until flushed, so their writes go through [`WriteThrough`].
 #[derive(Debug)]
 pub(crate) enum WriteHalf {
     Tcp(OwnedWriteHalf),
+    Boxed(WriteThrough<tokio::io::WriteHalf<Boxed>>),
+}
+
+fn split(stream: Boxed) -> (ReadHalf, WriteHalf) {
+    let (rd, wr) = tokio::io::split(stream);
+    (ReadHalf::Boxed(rd), WriteHalf::Boxed(WriteThrough::new(wr)))
 }
 
 /// Opens the transport `opts` asks for.
 pub(crate) async fn open(opts: &ClientOptions) -> io::Result<(ReadHalf, WriteHalf)> {
-    match opts.transport {
+    let stream = TcpStream::connect((opts.host.as_str(), opts.port)).await?;
+    // Packets are coalesced in the write buffer already; Nagle would only add latency.
+    stream.set_nodelay(true)?;
+    match &opts.transport {
         Transport::Tcp => {
-            let stream = TcpStream::connect((opts.host.as_str(), opts.port)).await?;
-            // Packets are coalesced in the write buffer already; Nagle would only add latency.
-            stream.set_nodelay(true)?;
             let (rd, wr) = stream.into_split();
             Ok((ReadHalf::Tcp(rd), WriteHalf::Tcp(wr)))
         }
+        Transport::Tls(tls_opts) => Ok(split(Box::new(tls::connect(stream, &opts.host, tls_opts).await?))),
+        Transport::WebSocket { path, tls: None } => {
+            Ok(split(Box::new(websocket(stream, "ws", path, opts).await?)))
+        }
+        Transport::WebSocket { path, tls: Some(tls_opts) } => {
+            let stream = tls::connect(stream, &opts.host, tls_opts).await?;
+            Ok(split(Box::new(websocket(stream, "wss", path, opts).await?)))
+        }
     }
+}
+
+/// The WebSocket handshake for MQTT at `path`, offering subprotocol `mqtt` (`mqttv3.1` for
+/// MQTT 3.1).
+async fn websocket<S>(stream: S, scheme: &str, path: &str, opts: &ClientOptions) -> io::Result<WsStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let host = match opts.host.contains(':') {
+        true => format!("[{}]", opts.host),
+        false => opts.host.clone(),
+    };
+    let path = if path.starts_with('/') { path.to_string() } else { format!("/{path}") };
+    let url = format!("{scheme}://{host}:{}{path}", opts.port);
+    let bad = |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}"));
+    let mut request = url.as_str().into_client_request().map_err(|e| bad(&e))?;
+    let subprotocol = if opts.version == ProtocolVersion::V3_1 { "mqttv3.1" } else { "mqtt" };
+    request.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_static(subprotocol));
+    let max_message = opts.max_packet_size.map_or(MQTT_MAX_MESSAGE, |m| (m as usize).max(16 << 20));
+    let (ws, _) = client_async_with_config(request, stream, Some(WsStream::<S>::config(max_message)))
+        .await
+        .map_err(|e| {
+        io::Error::new(io::ErrorKind::ConnectionRefused, format!("WebSocket handshake with {url}: {e}"))
+    })?;
+    Ok(WsStream::new(ws))
 }
 
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ReadHalf::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            ReadHalf::Boxed(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -48,18 +105,21 @@ impl AsyncWrite for WriteHalf {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             WriteHalf::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            WriteHalf::Boxed(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             WriteHalf::Tcp(s) => Pin::new(s).poll_flush(cx),
+            WriteHalf::Boxed(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             WriteHalf::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            WriteHalf::Boxed(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }

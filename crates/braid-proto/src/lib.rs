@@ -13,6 +13,10 @@ mod properties;
 mod read_buffer;
 mod reason;
 pub mod topic;
+#[cfg(feature = "tokio")]
+mod write_through;
+#[cfg(feature = "websocket")]
+mod ws_stream;
 
 pub use bytes::{Bytes, BytesMut};
 pub use bytestring::ByteString;
@@ -22,3 +26,9 @@ pub use packet::*;
 pub use properties::{Properties, PropertyValues};
 pub use read_buffer::ReadBuffer;
 pub use reason::ReasonCode;
+#[cfg(feature = "websocket")]
+pub use tokio_tungstenite;
+#[cfg(feature = "tokio")]
+pub use write_through::WriteThrough;
+#[cfg(feature = "websocket")]
+pub use ws_stream::WsStream;

@@ -16,6 +16,7 @@ use braid_broker::{Config, Server};
 
 mod bench;
 mod cli;
+mod transport_args;
 
 #[derive(Parser)]
 #[command(name = "braid", version, about = "Braid: an MQTT 3.1, 3.1.1 and 5.0 broker")]
@@ -104,6 +105,11 @@ fn serve(args: ServeArgs) -> ExitCode {
     runtime.block_on(async move {
         let server = match Server::bind(config).await {
             Ok(s) => s,
+            // Unusable TLS files are a configuration error; a listener that cannot open is not.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                eprintln!("braid: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
             Err(e) => {
                 eprintln!("braid: {e}");
                 return ExitCode::FAILURE;

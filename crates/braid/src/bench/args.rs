@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, Subcommand};
 
+use crate::transport_args::TransportArgs;
+
 /// `braid bench ...`
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -36,9 +38,11 @@ pub struct CommonArgs {
     /// Broker host name or IP address.
     #[arg(short = 'h', long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Broker port.
-    #[arg(short = 'p', long, default_value_t = 1883)]
-    pub port: u16,
+    /// Broker port. Default 1883; 8883 with TLS, 8083 with --ws, 8084 with both.
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
+    #[command(flatten)]
+    pub transport: TransportArgs,
     /// MQTT version: 3 (3.1), 4 (3.1.1) or 5.
     #[arg(short = 'V', long = "version", default_value_t = 5, value_parser = clap::value_parser!(u8).range(3..=5))]
     pub version: u8,
@@ -242,7 +246,7 @@ mod tests {
         .unwrap();
         let BenchCommand::Pub(p) = cmd else { panic!("pub") };
         let c = &p.common;
-        assert_eq!((c.host.as_str(), c.port, c.count, c.interval_ms), ("10.0.0.1", 1884, 1000, 0));
+        assert_eq!((c.host.as_str(), c.port, c.count, c.interval_ms), ("10.0.0.1", Some(1884), 1000, 0));
         assert_eq!((c.keepalive, c.clean, c.session_expiry, c.version), (30, false, Some(60), 4));
         assert_eq!(
             (c.prefix.as_str(), c.username.as_deref(), c.password.as_deref()),

@@ -37,7 +37,9 @@ pub fn options(
     receive_maximum: u16,
     max_inflight: u16,
 ) -> ClientOptions {
-    let mut o = ClientOptions::new(common.host.clone(), common.port);
+    let mut o =
+        ClientOptions::new(common.host.clone(), common.port.unwrap_or(common.transport.default_port()));
+    o.transport = common.transport.transport();
     o.version = match common.version {
         3 => ProtocolVersion::V3_1,
         4 => ProtocolVersion::V3_1_1,

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use clap::ArgAction;
 use tracing_subscriber::EnvFilter;
 
+use crate::transport_args::TransportArgs;
 use braid_client::{
     Bytes, ClientOptions, Error, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
 };
@@ -28,9 +29,11 @@ pub struct ConnArgs {
     /// Broker host.
     #[arg(short = 'h', long = "host", default_value = "localhost")]
     pub host: String,
-    /// Broker port.
-    #[arg(short = 'p', long = "port", default_value_t = 1883)]
-    pub port: u16,
+    /// Broker port. Default 1883; 8883 with TLS, 8083 with --ws, 8084 with both.
+    #[arg(short = 'p', long = "port")]
+    pub port: Option<u16>,
+    #[command(flatten)]
+    pub transport: TransportArgs,
     /// MQTT version: 31, 311 or 5 (also mqttv31, mqttv311, mqttv5). Defaults to 311, or 5
     /// when -D / --user-property is given.
     #[arg(short = 'V', long = "protocol-version", value_name = "VERSION", value_parser = parse_version)]
@@ -134,7 +137,8 @@ impl ConnArgs {
         if self.session_expiry.is_some() && !version.is_v5() {
             return Err("-x (session expiry) needs MQTT v5 (-V 5)".into());
         }
-        let mut o = ClientOptions::new(self.host.clone(), self.port);
+        let mut o = ClientOptions::new(self.host.clone(), self.port.unwrap_or(self.transport.default_port()));
+        o.transport = self.transport.transport();
         o.version = version;
         o.client_id = self.id.clone().unwrap_or_else(|| format!("{prefix}-{:08x}", random_u64() as u32));
         o.clean_start = !self.persistent;
