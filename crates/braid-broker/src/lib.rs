@@ -16,6 +16,7 @@ pub mod retained;
 pub mod router;
 pub mod server;
 pub mod session;
+pub mod store;
 mod sys;
 
 pub use broker::Broker;

@@ -50,13 +50,14 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds every configured listener.
+    /// Opens the store (reloading persisted sessions) and binds every configured listener.
     pub async fn bind(config: Config) -> io::Result<Server> {
         let addr = config.listeners.tcp;
+        let broker = Broker::open(config).map_err(|e| io::Error::other(e.to_string()))?;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
-        Ok(Server { broker: Broker::new(config), tcp })
+        Ok(Server { broker, tcp })
     }
 
     /// Binds `config` and runs the server in a task of the current runtime.
@@ -107,6 +108,9 @@ impl Server {
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;
+        // Everything submitted is written and synced before the process exits.
+        let store = self.broker.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 }
 

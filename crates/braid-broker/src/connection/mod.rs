@@ -62,7 +62,7 @@ where
         Ok(Ok(c)) => c,
     };
     let version = connect.protocol;
-    let (accepted, connack) = match broker.connect(&connect) {
+    let (mut accepted, connack) = match broker.connect(&connect) {
         Ok(a) => a,
         Err(reason) => {
             info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {}", reason.description());
@@ -71,6 +71,16 @@ where
         }
     };
     drop(connect);
+    if let Some(restore) = accepted.restore.take() {
+        // A persistent session's deliveries waiting on disk come back before anything is sent.
+        match restore.await {
+            Ok(Ok(stored)) => accepted.session.lock().restore(accepted.generation, stored),
+            Ok(Err(e)) => {
+                tracing::error!(client_id = %accepted.session.client_id, "cannot read queued deliveries back: {e}")
+            }
+            Err(_) => {}
+        }
+    }
     let client_id = &accepted.session.client_id;
     debug!(%peer, %client_id, ?version, "client connected");
     let mut out = BytesMut::new();
@@ -89,8 +99,10 @@ enum Event {
     Woken,
     /// A write completed (0 bytes or an error ends the connection).
     Wrote(std::io::Result<usize>),
-    /// The held acknowledgement may go out.
-    Released(Packet),
+    /// The held acknowledgement may go out (once its store ticket is on disk).
+    Released((Packet, crate::store::Ticket)),
+    /// The group commit moved on: acknowledgements waiting for it may go out.
+    Synced,
     /// A read completed (0 bytes is end of stream).
     Read(std::io::Result<usize>),
 }
@@ -119,17 +131,11 @@ async fn wait_busy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         biased;
         _ = ctl.woken() => Event::Woken,
         written = wr.write(pending), if !pending.is_empty() => Event::Wrote(written),
-        ack = release_if_held(held, inbound) => Event::Released(ack),
+        ack = inbound.next_ack() => match ack {
+            Some(ack) => Event::Released(ack),
+            None => Event::Synced,
+        },
         read = rbuf.read_from(rd), if !held => Event::Read(read),
-    }
-}
-
-/// Waits for the held acknowledgement when there is one.
-async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Packet {
-    if held {
-        inbound.release_held().await
-    } else {
-        std::future::pending().await
     }
 }
 
@@ -255,7 +261,7 @@ impl Connection<'_> {
             // Most connections are idle most of the time: they wait on a small future. The full
             // wait (writing, held acknowledgements) lives in a box only while it is needed, so
             // an idle connection's task stays small.
-            let event = if !held && self.out.is_empty() {
+            let event = if !held && self.out.is_empty() && !inbound.awaits_sync() {
                 wait_idle(&a.ctl, &mut rbuf, rd).await
             } else {
                 Box::pin(wait_busy(&a.ctl, wr, &self.out[self.written..], held, &mut inbound, &mut rbuf, rd))
@@ -284,7 +290,8 @@ impl Connection<'_> {
                         }
                     }
                 }
-                Event::Released(ack) => inbound.reply(&ack, &mut self.out),
+                Event::Released((ack, ticket)) => inbound.ack(ack, ticket, &mut self.out),
+                Event::Synced => inbound.flush_synced(&mut self.out),
                 Event::Read(Ok(n)) if n > 0 => {
                     a.ctl.touch(broker.now_ms());
                     Metrics::add(&broker.metrics.bytes_received, n as u64);
