@@ -767,6 +767,78 @@ fn drop_session(segs: &mut BTreeMap<u32, Segment>, s: SessionIndex) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Delivery;
+    use crate::session::SubscriptionRecord;
+    use crate::store::SessionRecord;
+    use braid_proto::{Bytes, LastWill, QoS, SubscriptionOptions};
+
+    fn config(dir: &Path) -> StoreConfig {
+        StoreConfig { data_dir: dir.into(), ..Default::default() }
+    }
+
+    fn delivery(payload: &'static str) -> Delivery {
+        let msg =
+            Message::internal(ByteString::from_static("a/b"), Bytes::from_static(payload.as_bytes()), false);
+        Delivery { msg, qos: QoS::ExactlyOnce, retain: false, sub_id: Some(7), seq: 0 }
+    }
+
+    #[test]
+    fn reopened_store_has_sessions_deliveries_and_retained() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = DiskStore::open(&config(dir.path())).unwrap();
+            let will = LastWill {
+                topic: ByteString::from_static("w"),
+                payload: Bytes::from_static(b"bye"),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                properties: Default::default(),
+            };
+            let options = SubscriptionOptions { qos: QoS::ExactlyOnce, ..Default::default() };
+            store.submit(Op::Session(SessionRecord {
+                id: 3,
+                client_id: ByteString::from_static("c"),
+                expiry_secs: 60,
+                will: Some(will),
+                subscriptions: vec![(
+                    ByteString::from_static("a/#"),
+                    SubscriptionRecord { options, sub_id: Some(7) },
+                )],
+                offline_since: Some(5),
+            }));
+            for (seq, p) in [(1, "one"), (2, "two"), (3, "three")] {
+                store.submit(Op::Append { session: 3, seq, delivery: delivery(p) });
+            }
+            store.submit(Op::Stage { session: 3, seq: 2, stage: Stage::Released });
+            store.submit(Op::Done { session: 3, seq: 1 });
+            store.submit(Op::IncomingQos2 { session: 3, packet_id: 9, pending: true });
+            let retained = Message::internal(ByteString::from_static("r"), Bytes::from_static(b"kept"), true);
+            store.submit(Op::Retain(retained));
+            store.close();
+        }
+        let store = DiskStore::open(&config(dir.path())).unwrap();
+        let found = store.take_recovered();
+        assert_eq!(found.next_session_id, 4);
+        let s = &found.sessions[0];
+        assert_eq!((s.record.client_id.as_ref(), s.record.expiry_secs), ("c", 60));
+        assert_eq!(s.record.will.as_ref().map(|w| w.payload.clone()), Some(Bytes::from_static(b"bye")));
+        assert_eq!(s.record.subscriptions[0].1.sub_id, Some(7));
+        assert_eq!(s.queued.iter().map(|q| q.0).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!((s.next_seq, s.incoming_qos2.as_slice()), (4, &[9u16][..]));
+        assert_eq!(&found.retained[0].payload[..], b"kept");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        store.submit(Op::Load { session: 3, reply: tx });
+        let loaded = rx.blocking_recv().unwrap().unwrap();
+        let got: Vec<_> = loaded.iter().map(|s| (s.seq, s.stage, s.delivery.msg.payload.clone())).collect();
+        assert_eq!(
+            got,
+            [
+                (2, Stage::Released, Bytes::from_static(b"two")),
+                (3, Stage::Queued, Bytes::from_static(b"three"))
+            ]
+        );
+        assert_eq!((loaded[0].delivery.qos, loaded[0].delivery.sub_id), (QoS::ExactlyOnce, Some(7)));
+    }
 
     #[test]
     fn frame_header_is_length_and_crc() {
