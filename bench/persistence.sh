@@ -21,7 +21,14 @@ start() {
     "$BRAID" serve --listen "127.0.0.1:$PORT" --set sys.interval_secs=0 \
         --set "store.data_dir=\"$work/data\"" "$@" >>"$work/broker.log" 2>&1 &
     pid=$!
-    until (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; do sleep 0.01; done
+    until (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "broker exited:" >&2
+            tail -5 "$work/broker.log" >&2
+            exit 1
+        fi
+        sleep 0.01
+    done
 }
 stop() { kill "$pid"; wait "$pid" || true; pid=; }
 rss_mb() { echo $(( $(ps -o rss= -p "$pid") / 1024 )); }

@@ -163,7 +163,7 @@ impl Broker {
                         sub_id: sub.sub_id,
                         merge_overlaps: false,
                     };
-                    router.subscribe(inner, group, entry);
+                    router.restore(inner, group, entry);
                 }
             }
             drop(router);

@@ -30,6 +30,8 @@ const MARKER: &str = "braid-store";
 const MARKER_TEXT: &str = "braid store format 1\n";
 /// First bytes of every segment file.
 const SEGMENT_MAGIC: &[u8; 16] = b"BRAID-SEGMENT-1\n";
+/// Encoded records written out once the batch buffer holds this many bytes.
+const MAX_BUFFER: usize = 4 << 20;
 /// A segment is closed once it is larger than this.
 const SEGMENT_SIZE: u64 = 64 << 20;
 
@@ -587,6 +589,9 @@ impl Log {
         seg.file.write_all(&self.buf)?;
         seg.size += self.buf.len() as u64;
         self.buf.clear();
+        if self.buf.capacity() > MAX_BUFFER * 2 {
+            self.buf.shrink_to(MAX_BUFFER);
+        }
         Ok(())
     }
 
@@ -704,10 +709,16 @@ impl Log {
                 }
                 (std::mem::take(&mut p.ops), p.next, p.closed)
             };
+            let mut result = Ok(());
             for op in ops {
                 self.apply(op);
+                // A large batch (a fan-out to many sessions) goes out in pieces, so the buffer
+                // stays small.
+                if self.buf.len() >= MAX_BUFFER && result.is_ok() {
+                    result = self.write();
+                }
             }
-            let result = self.write().and_then(|()| {
+            let result = result.and_then(|()| self.write()).and_then(|()| {
                 if sync || closed || last_sync.elapsed() >= interval {
                     self.sync()?;
                     last_sync = Instant::now();
