@@ -39,11 +39,17 @@ def wait_for_port(port, proc, timeout=10.0):
 class Broker:
     """A running broker process; `host`/`port` to connect, `stop()` to end it."""
 
-    def __init__(self, settings=None):
+    def __init__(self, settings=None, data_dir=None):
         self.host = "127.0.0.1"
         self.port = free_port()
         self.settings = settings or {}
+        # Braid's disk store (the default) in a directory of its own; pass one to restart on it.
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="braid-data-")
         self.log = tempfile.NamedTemporaryFile(prefix="broker-", suffix=".log", delete=False)
+        self.start()
+
+    def start(self):
+        """Starts the broker process (again, on the same port and data directory)."""
         if TARGET == "mosquitto":
             conf = tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False)
             conf.write(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
@@ -53,7 +59,8 @@ class Broker:
             conf.close()
             cmd = ["mosquitto", "-c", conf.name]
         else:
-            cmd = [BRAID_BIN, "serve", "--listen", f"{self.host}:{self.port}"]
+            cmd = [BRAID_BIN, "serve", "--listen", f"{self.host}:{self.port}",
+                   "--set", f"store.data_dir={toml_value(self.data_dir)}"]
             for key, value in self.settings.get("braid", {}).items():
                 cmd += ["--set", f"{key}={toml_value(value)}"]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -62,6 +69,11 @@ class Broker:
     def log_text(self):
         with open(self.log.name, errors="replace") as f:
             return f.read()
+
+    def kill(self):
+        """SIGKILL: the broker gets no chance to write anything more."""
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self):
         if self.proc.poll() is None:

@@ -44,11 +44,16 @@ def port_is_listening(port):
         return False
 
 
+def temp_store():
+    """Flags putting the disk store in a fresh directory instead of ./braid-data."""
+    return ["--set", f'store.data_dir="{tempfile.mkdtemp(prefix="braid-data-")}"']
+
+
 def run_rejected(args, env=None, cwd=None):
     """Run `braid serve ARGS --listen 127.0.0.1:PORT`, which must exit on its own within
     EXIT_TIMEOUT s; returns (returncode, stderr text, port)."""
     port = free_port()
-    cmd = [BRAID_BIN, "serve", *args, "--listen", f"127.0.0.1:{port}"]
+    cmd = [BRAID_BIN, "serve", *args, "--listen", f"127.0.0.1:{port}", *temp_store()]
     try:
         proc = subprocess.run(cmd, env=env if env is not None else clean_env(), cwd=cwd,
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=EXIT_TIMEOUT)
@@ -66,7 +71,7 @@ class BraidProcess:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="braid-config-", suffix=".log", delete=False)
-        self.cmd = [BRAID_BIN, "serve", *args, "--listen", f"{self.host}:{self.port}"]
+        self.cmd = [BRAID_BIN, "serve", *args, "--listen", f"{self.host}:{self.port}", *temp_store()]
         self.proc = subprocess.Popen(self.cmd, env=env if env is not None else clean_env(), cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         try:

@@ -37,7 +37,8 @@ class OwnBroker:
             conf.close()
             cmd = ["mosquitto", "-c", conf.name]
         else:
-            cmd = [BRAID_BIN, "serve", "--listen", f"{self.host}:{self.port}"]
+            cmd = [BRAID_BIN, "serve", "--listen", f"{self.host}:{self.port}",
+                   "--set", f'store.data_dir="{tempfile.mkdtemp(prefix="braid-data-")}"']
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, self.proc, timeout=5.0)
 

@@ -25,7 +25,8 @@ use crate::message::{Delivery, Message};
 use crate::metrics::Metrics;
 use crate::retained::Retained;
 use crate::router::{Router, SubEntry};
-use crate::session::{Enqueued, Link, QueueLimits, Session, SubscriptionRecord};
+use crate::session::{Enqueued, Link, Persist, QueueLimits, Restore, Session, SubscriptionRecord};
+use crate::store::{self, Op, Store, StoreError, Ticket};
 
 /// Everything the connections share.
 #[derive(Debug)]
@@ -48,6 +49,18 @@ pub struct Broker {
     next_session_id: AtomicU64,
     /// `[session]` queue limits, shared by every session.
     queue_limits: Arc<QueueLimits>,
+    /// Where persistent sessions and retained messages are kept.
+    pub store: Arc<dyn Store>,
+}
+
+/// What became of a published message.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// Sessions that took it beyond their queue limit (backpressure): the publisher's
+    /// acknowledgement waits until each has drained ([`Session::wait_for_space`]).
+    pub held: Vec<Arc<Session>>,
+    /// The store ticket the acknowledgement waits for under sync durability (0: none).
+    pub ticket: Ticket,
 }
 
 /// A CONNECT the broker accepted: the session the connection now serves.
@@ -61,6 +74,9 @@ pub struct Accepted {
     pub ctl: Arc<ConnControl>,
     /// Keep alive in force, seconds (0 = none).
     pub keep_alive: u16,
+    /// Deliveries of a persistent session being read back from disk: await them and hand
+    /// them to [`crate::session::SessionState::restore`] before transmitting.
+    pub restore: Option<Restore>,
 }
 
 /// How a connection ended, for will and session handling.
@@ -75,8 +91,22 @@ pub enum Ending {
 }
 
 impl Broker {
-    /// A broker with `config`; call [`crate::server::Server`] to put it on the network.
+    /// A broker with `config` and the memory store; call [`crate::server::Server`] to put it
+    /// on the network.
     pub fn new(config: Config) -> Arc<Broker> {
+        Broker::with_store(config, Arc::new(store::memory::MemoryStore::new()))
+    }
+
+    /// A broker with the store `config` names, its persistent sessions, subscriptions and
+    /// retained messages reloaded. Must run inside a Tokio runtime (it schedules expiries).
+    pub fn open(config: Config) -> Result<Arc<Broker>, StoreError> {
+        let store = store::open(&config.store)?;
+        let broker = Broker::with_store(config, store);
+        broker.recover();
+        Ok(broker)
+    }
+
+    fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
         let strategy = config.shared.strategy;
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
         Arc::new(Broker {
@@ -91,7 +121,73 @@ impl Broker {
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
             queue_limits,
+            store,
         })
+    }
+
+    /// Loads what the store kept: retained messages, sessions (offline, their deliveries on
+    /// disk) with their subscriptions; schedules their wills and expiry.
+    fn recover(self: &Arc<Self>) {
+        let found = self.store.take_recovered();
+        self.next_session_id.fetch_max(found.next_session_id, Ordering::Relaxed);
+        {
+            let mut retained = self.retained.write();
+            for msg in found.retained {
+                retained.set(msg);
+            }
+        }
+        let limits = &self.queue_limits;
+        let now = store::unix_now();
+        for r in found.sessions {
+            let rec = r.record;
+            let session = Arc::new(Session::new(rec.id, rec.client_id.clone(), limits.clone()));
+            if rec.expiry_secs == 0 {
+                // Ended with its last connection, just before the broker stopped.
+                session.lock().persist =
+                    Some(Box::new(Persist::new(self.store.clone(), rec.id, rec.client_id, 1)));
+                session.lock().forget();
+                continue;
+            }
+            let offline_for = now.saturating_sub(rec.offline_since.unwrap_or(now));
+            let will_delay = {
+                let mut st = session.lock();
+                st.expiry_secs = rec.expiry_secs;
+                st.will = rec.will.map(Box::new);
+                st.incoming_qos2 = r.incoming_qos2.into_iter().collect();
+                let mut p = Persist::new(self.store.clone(), rec.id, rec.client_id.clone(), r.next_seq);
+                let items = r.queued.into_iter().map(|(seq, size)| crate::session::OnDisk {
+                    seq,
+                    size,
+                    qos: QoS::AtLeastOnce,
+                });
+                let mut disk = crate::session::Queue::new(limits.clone());
+                for item in items {
+                    disk.push_back(item);
+                }
+                p.offline = Some(disk);
+                st.persist = Some(Box::new(p));
+                st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
+            };
+            let mut router = self.router.write();
+            for (filter, sub) in &rec.subscriptions {
+                if let Some((inner, group)) = split_filter(filter) {
+                    let entry = SubEntry {
+                        session: session.clone(),
+                        options: sub.options,
+                        sub_id: sub.sub_id,
+                        merge_overlaps: false,
+                    };
+                    router.restore(inner, group, entry);
+                }
+            }
+            drop(router);
+            session.lock().subscriptions = rec.subscriptions.into_iter().collect();
+            self.sessions.lock().replace(ById(session.clone()));
+            // A will still pending (its connection was lost with the broker, or its delay was
+            // running) is sent as if the connection had ended now.
+            let offline_for = u32::try_from(offline_for).unwrap_or(u32::MAX);
+            self.schedule_end(&session, 0, will_delay, rec.expiry_secs, offline_for);
+        }
     }
 
     /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
@@ -168,6 +264,10 @@ impl Broker {
                 existing => {
                     let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
                     let s = Arc::new(Session::new(id, client_id.clone(), self.queue_limits.clone()));
+                    if expiry > 0 && self.store.persistent() {
+                        s.lock().persist =
+                            Some(Box::new(Persist::new(self.store.clone(), id, client_id.clone(), 1)));
+                    }
                     sessions.replace(ById(s.clone()));
                     (s, false, existing.map(|old| (old, true)))
                 }
@@ -186,11 +286,18 @@ impl Broker {
         let max_packet_size = c.properties.maximum_packet_size.unwrap_or(u32::MAX);
         let window = usize::from(window.min(cfg.mqtt.max_inflight));
         let link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
-        let generation = {
+        let (generation, restore) = {
             let mut st = session.lock();
             st.expiry_secs = expiry;
             st.will = c.will.clone().map(Box::new);
-            st.attach(link)
+            let generation = st.attach(link);
+            if expiry > 0 && self.store.persistent() && st.persist.is_none() {
+                // An online session resumed by a connection that asks for persistence.
+                let p = Persist::new(self.store.clone(), session.id, client_id.clone(), 1);
+                st.persist = Some(Box::new(p));
+            }
+            st.save();
+            (generation, st.load())
         };
         self.metrics.client_connected();
         if self.shutdown.is_cancelled() {
@@ -198,7 +305,7 @@ impl Broker {
             ctl.close(ReasonCode::ServerShuttingDown);
         }
         let connack = ConnAck { session_present, reason: ReasonCode::Success, properties: props };
-        Ok((Accepted { session, generation, ctl, keep_alive }, connack))
+        Ok((Accepted { session, generation, ctl, keep_alive, restore }, connack))
     }
 
     /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
@@ -220,6 +327,7 @@ impl Broker {
         }
         if discard {
             self.drop_subscriptions(old);
+            old.lock().forget();
         }
     }
 
@@ -264,12 +372,13 @@ impl Broker {
                 retained_for.push((filter, options.qos));
             }
         }
+        session.lock().save();
         let now = Instant::now();
         for (filter, qos) in retained_for {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id });
+                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id, seq: 0 });
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
@@ -318,18 +427,23 @@ impl Broker {
             };
             reasons.push(reason);
         }
+        session.lock().save();
         if !version.is_v5() {
             reasons.clear();
         }
         UnsubAck { packet_id: unsub.packet_id, properties: Properties::default(), reasons }
     }
 
-    /// Stores (if retained) and routes a message to every matching subscription. Returns the
-    /// sessions that took it beyond their queue limit (backpressure): the publisher's
-    /// acknowledgement waits until each has drained ([`Session::wait_for_space`]).
-    pub fn publish(&self, msg: Arc<Message>) -> Vec<Arc<Session>> {
+    /// Stores (if retained) and routes a message to every matching subscription; says what
+    /// the publisher's acknowledgement must wait for.
+    pub fn publish(&self, msg: Arc<Message>) -> Published {
+        let mut out = Published::default();
         if msg.retain {
             self.retained.write().set(msg.clone());
+            // `$SYS` values are the broker's own, made afresh at each start.
+            if self.store.persistent() && !(msg.origin == 0 && msg.topic.starts_with('$')) {
+                out.ticket = self.store.submit(Op::Retain(msg.clone()));
+            }
         }
         let router = self.router.read();
         let mut targets = Vec::new();
@@ -337,25 +451,27 @@ impl Broker {
         if targets.len() > 1 && targets.iter().any(|e| e.merge_overlaps) {
             merge_overlaps(&mut targets);
         }
-        let mut held = Vec::new();
         for e in targets {
             let d = Delivery {
                 msg: msg.clone(),
                 qos: msg.qos.min(e.options.qos),
                 retain: msg.retain && e.options.retain_as_published,
                 sub_id: e.sub_id,
+                seq: 0,
             };
+            let (r, ticket) = self.deliver(&e.session, d);
+            out.ticket = out.ticket.max(ticket);
             // A client is never held back by its own subscription.
-            if self.deliver(&e.session, d) == Enqueued::QueuedOverLimit && e.session.id != msg.origin {
-                held.push(e.session.clone());
+            if r == Enqueued::QueuedOverLimit && e.session.id != msg.origin {
+                out.held.push(e.session.clone());
             }
         }
-        held
+        out
     }
 
-    fn deliver(&self, session: &Session, d: Delivery) -> Enqueued {
+    fn deliver(&self, session: &Session, d: Delivery) -> (Enqueued, Ticket) {
         let r = session.deliver(d);
-        if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
+        if matches!(r.0, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
             Metrics::add(&self.metrics.messages_dropped, 1);
         }
         r
@@ -364,28 +480,51 @@ impl Broker {
     /// A connection of `session` ended. Sends or schedules the will and ends or schedules the
     /// end of the session, unless another connection took the session over.
     pub fn disconnected(self: &Arc<Self>, session: &Arc<Session>, generation: u64, ending: Ending) {
-        let (will, expiry) = {
+        let (will_delay, expiry) = {
             let mut st = session.lock();
             if !st.detach(generation) {
                 return;
             }
-            let will = st.will.take().filter(|_| ending == Ending::WithWill);
-            (will, st.expiry_secs)
+            if ending != Ending::WithWill {
+                st.will = None;
+            }
+            // Saved with a delayed will, so a restart before the delay still sends it.
+            st.save();
+            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs)
         };
         session.release_publishers();
         self.metrics.client_disconnected();
-        if let Some(will) = will {
-            let delay = will.properties.will_delay_interval.unwrap_or(0).min(expiry);
-            if delay == 0 {
-                self.publish_will(session, *will);
-            } else {
-                let broker = self.clone();
-                let session = session.clone();
-                self.after(delay, move || {
-                    if session.lock().generation == generation {
-                        broker.publish_will(&session, *will);
-                    }
-                });
+        self.schedule_end(session, generation, will_delay, expiry, 0);
+    }
+
+    /// Sends the will of offline `session` after `will_delay` seconds (if it has one) and ends
+    /// the session `expiry` seconds after it went offline, `offline_for` seconds ago; both
+    /// unless connection `generation` is no longer the session's latest.
+    fn schedule_end(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        will_delay: Option<u32>,
+        expiry: u32,
+        offline_for: u32,
+    ) {
+        if let Some(delay) = will_delay {
+            let broker = self.clone();
+            let s = session.clone();
+            let send = move || {
+                let will = {
+                    let mut st = s.lock();
+                    let will = st.will.take().filter(|_| st.generation == generation);
+                    st.save();
+                    will
+                };
+                if let Some(will) = will {
+                    broker.publish_will(&s, *will);
+                }
+            };
+            match delay.saturating_sub(offline_for) {
+                0 => send(),
+                left => self.after(left, send),
             }
         }
         match expiry {
@@ -394,7 +533,7 @@ impl Broker {
             secs => {
                 let broker = self.clone();
                 let session = session.clone();
-                self.after(secs, move || {
+                self.after(secs.saturating_sub(offline_for), move || {
                     let still_offline = {
                         let st = session.lock();
                         st.generation == generation && !st.is_online()
@@ -428,6 +567,7 @@ impl Broker {
             }
         }
         self.drop_subscriptions(session);
+        session.lock().forget();
     }
 
     fn drop_subscriptions(&self, session: &Arc<Session>) {
@@ -489,15 +629,26 @@ impl Broker {
         }
     }
 
-    /// Removes expired retained messages.
+    /// Removes expired retained messages (from the store too).
     pub fn purge_expired_retained(&self) {
-        self.retained.write().purge_expired(Instant::now());
+        let purged = self.retained.write().purge_expired(Instant::now());
+        if self.store.persistent() {
+            for msg in purged {
+                self.store.submit(Op::Retain(Message::internal(msg.topic.clone(), Default::default(), true)));
+            }
+        }
     }
 
     /// Numbers for `$SYS`: (sessions known, subscriptions, retained messages).
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.sessions.lock().len(), self.router.read().len(), self.retained.read().len())
     }
+}
+
+/// Seconds a will waits after its connection ended: its Will Delay Interval, at most the
+/// session's expiry.
+fn will_delay(will: &LastWill, expiry: u32) -> u32 {
+    will.properties.will_delay_interval.unwrap_or(0).min(expiry)
 }
 
 /// `filter` split into the filter to match and the shared group, or None if invalid.

@@ -33,6 +33,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Certificates for the TLS and WSS listeners.
     pub tls: TlsConfig,
+    /// Persistence of sessions, queues and retained messages.
+    pub store: StoreConfig,
 }
 
 /// Network listeners.
@@ -406,13 +408,58 @@ impl Default for LimitsConfig {
     }
 }
 
+/// Where sessions, queues and retained messages are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreBackend {
+    /// In an append-only log under `data_dir`, reloaded at restart.
+    Disk,
+    /// In memory only: fastest, lost at restart.
+    Memory,
+}
+
+/// When an acknowledged message is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// PUBACK/PUBREC only after the message is fsynced (group commit).
+    Sync,
+    /// Acknowledge at once; fsync every `flush_interval_ms`.
+    Async,
+}
+
+/// Persistence settings (see `docs/persistence.md`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Disk (default) or memory.
+    pub backend: StoreBackend,
+    /// Directory of the disk store, created if missing.
+    pub data_dir: std::path::PathBuf,
+    /// Sync (acknowledge after fsync) or async (fsync every `flush_interval_ms`).
+    pub durability: Durability,
+    /// Async durability: longest time between two fsyncs, in milliseconds.
+    pub flush_interval_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: StoreBackend::Disk,
+            data_dir: "braid-data".into(),
+            durability: Durability::Sync,
+            flush_interval_ms: 100,
+        }
+    }
+}
+
 /// A configuration that could not be loaded; the message names the key and the problem.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(String);
 
-const SECTIONS: [&str; 10] =
-    ["listeners", "mqtt", "session", "shared", "sys", "log", "auth", "acl", "limits", "tls"];
+const SECTIONS: [&str; 11] =
+    ["listeners", "mqtt", "session", "shared", "sys", "log", "auth", "acl", "limits", "tls", "store"];
 
 impl Config {
     /// Loads defaults, then `file` (if any), then `BRAID_*` environment variables, then
@@ -445,11 +492,13 @@ impl Config {
     }
 
     /// Defaults for a broker embedded in a program or a test: MQTT on a free loopback port
-    /// (see `Running::addr`), no `$SYS` traffic.
+    /// (see `Running::addr`), no `$SYS` traffic, the memory store (nothing written to the
+    /// working directory; set `store.backend` to `Disk` with a `data_dir` to persist).
     pub fn embedded() -> Config {
         let mut config = Config::default();
         config.listeners.tcp = SocketAddr::from(([127, 0, 0, 1], 0));
         config.sys.interval_secs = 0;
+        config.store.backend = StoreBackend::Memory;
         config
     }
 
@@ -511,6 +560,12 @@ impl Config {
         }
         if self.tls.use_cn_as_username && self.tls.client_auth == ClientAuth::None {
             return bad("tls.use_cn_as_username", "needs tls.client_auth = optional or require");
+        }
+        if self.store.flush_interval_ms == 0 {
+            return bad("store.flush_interval_ms", "must be at least 1");
+        }
+        if self.store.data_dir.as_os_str().is_empty() {
+            return bad("store.data_dir", "must not be empty");
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ pub mod retained;
 pub mod router;
 pub mod server;
 pub mod session;
+pub mod store;
 mod sys;
 pub mod tls;
 

@@ -98,4 +98,6 @@ pub struct Delivery {
     pub retain: bool,
     /// Subscription Identifier of the matching subscription (v5).
     pub sub_id: Option<u32>,
+    /// Sequence number in the store, for a delivery to a persistent session (else 0).
+    pub seq: u64,
 }

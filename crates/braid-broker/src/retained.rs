@@ -64,10 +64,11 @@ impl Retained {
         out
     }
 
-    /// Removes expired messages; returns how many.
-    pub fn purge_expired(&mut self, now: Instant) -> usize {
-        let purged = purge(&mut self.root, now);
-        self.len -= purged;
+    /// Removes expired messages; returns them.
+    pub fn purge_expired(&mut self, now: Instant) -> Vec<Arc<Message>> {
+        let mut purged = Vec::new();
+        purge(&mut self.root, now, &mut purged);
+        self.len -= purged.len();
         purged
     }
 }
@@ -117,16 +118,14 @@ fn collect(node: &Node, levels: &[&str], root: bool, out: &mut Vec<Arc<Message>>
     }
 }
 
-fn purge(node: &mut Node, now: Instant) -> usize {
-    let mut purged = usize::from(node.msg.as_ref().is_some_and(|m| m.is_expired(now)));
-    if purged == 1 {
-        node.msg = None;
+fn purge(node: &mut Node, now: Instant, purged: &mut Vec<Arc<Message>>) {
+    if node.msg.as_ref().is_some_and(|m| m.is_expired(now)) {
+        purged.extend(node.msg.take());
     }
     node.children.retain(|_, child| {
-        purged += purge(child, now);
+        purge(child, now, purged);
         !child.is_empty()
     });
-    purged
 }
 
 #[cfg(test)]

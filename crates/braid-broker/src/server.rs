@@ -56,15 +56,16 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds every configured listener. Unusable TLS files are an `InvalidInput` error that
-    /// names the key and the file.
+    /// Opens the store (reloading persisted sessions) and binds every configured listener.
+    /// Unusable TLS files are an `InvalidInput` error that names the key and the file.
     pub async fn bind(config: Config) -> io::Result<Server> {
         let addr = config.listeners.tcp;
+        let broker = Broker::open(config).map_err(|e| io::Error::other(e.to_string()))?;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
-        let listeners = Listeners::bind(&config).await?;
-        Ok(Server { broker: Broker::new(config), tcp, listeners })
+        let listeners = Listeners::bind(&broker.config).await?;
+        Ok(Server { broker, tcp, listeners })
     }
 
     /// Binds `config` and runs the server in a task of the current runtime.
@@ -136,6 +137,9 @@ impl Server {
         if let Some(lot) = lot {
             lot.stop();
         }
+        // Everything submitted is written and synced before the process exits.
+        let store = self.broker.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 }
 

@@ -20,6 +20,7 @@ fn start_broker() -> (Broker, u16) {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = Command::new(BRAID)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--set", "log.level=\"warn\""])
+        .args(["--set", "store.backend=\"memory\""])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -1,7 +1,7 @@
 //! What the broker does with each packet a connected client sends.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::session::Session;
+use crate::store::Ticket;
 
 /// What the read loop does after a packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +40,9 @@ pub struct Inbound<'a> {
     transmit: bool,
     /// The acknowledgement of the last PUBLISH, while full subscriber queues hold it back.
     held: Option<Box<Held>>,
+    /// Sync durability: acknowledgements waiting, in order, for their store tickets to be on
+    /// disk (boxed: only connections that touch persistent sessions have one).
+    durable: Option<Box<Durable>>,
     /// Which topics this client may use.
     acl: ConnectionAcl<'a>,
     /// The client's publish rate.
@@ -56,6 +60,12 @@ enum Pause {
     Memory,
 }
 
+/// Acknowledgements waiting for the store's group commit.
+struct Durable {
+    acks: VecDeque<(Ticket, Packet)>,
+    synced: tokio::sync::watch::Receiver<Ticket>,
+}
+
 impl<'a> Inbound<'a> {
     /// State for a connection that has just been accepted (or resumed with the topic aliases
     /// its client defined), with its topic authorization.
@@ -67,7 +77,18 @@ impl<'a> Inbound<'a> {
         acl: ConnectionAcl<'a>,
     ) -> Self {
         let limiter = PublishLimiter::new(&broker.config.limits, Instant::now());
-        Inbound { broker, session, version, aliases, transmit: false, held: None, acl, limiter, pause: None }
+        Inbound {
+            broker,
+            session,
+            version,
+            aliases,
+            transmit: false,
+            held: None,
+            durable: None,
+            acl,
+            limiter,
+            pause: None,
+        }
     }
 
     /// What a connection that parks keeps: the topic aliases its client defined and its
@@ -91,16 +112,28 @@ impl<'a> Inbound<'a> {
             }
             Packet::PubRec(a) => {
                 self.transmit = true;
-                self.session.lock().on_pubrec(&a).map(Packet::PubRel)
+                // PUBREL only once its stage is on disk: a restart must not resend the PUBLISH.
+                let (rel, ticket) = {
+                    let mut st = self.session.lock();
+                    (st.on_pubrec(&a), st.ticket())
+                };
+                if let Some(rel) = rel {
+                    self.ack(Packet::PubRel(rel), ticket, out);
+                }
+                None
             }
             Packet::PubComp(a) => {
                 self.transmit |= self.session.lock().on_pubcomp(a.packet_id);
                 None
             }
             Packet::PubRel(a) => {
-                let known = self.session.lock().incoming_qos2.remove(&a.packet_id);
+                let (known, ticket) = {
+                    let mut st = self.session.lock();
+                    (st.release_qos2(a.packet_id), st.ticket())
+                };
                 let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
-                Some(Packet::PubComp(Ack::with_reason(a.packet_id, reason)))
+                self.ack(Packet::PubComp(Ack::with_reason(a.packet_id, reason)), ticket, out);
+                None
             }
             Packet::Subscribe(s) => {
                 self.transmit = true;
@@ -203,89 +236,157 @@ impl<'a> Inbound<'a> {
             return Flow::Continue;
         }
         let msg = Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
-        let ack = match qos {
+        let (ack, mut ticket) = match qos {
             QoS::AtMostOnce => {
                 let _ = self.broker.publish(msg);
                 return Flow::Continue;
             }
-            QoS::AtLeastOnce => Packet::PubAck(Ack::new(id)),
+            QoS::AtLeastOnce => (Packet::PubAck(Ack::new(id)), 0),
             QoS::ExactlyOnce => {
-                let first = {
+                let (first, ticket) = {
                     let mut st = self.session.lock();
                     if st.incoming_qos2.contains(&id) {
-                        false
+                        (false, st.ticket())
                     } else if st.incoming_qos2.len() >= usize::from(cfg.receive_maximum) {
                         return close(
                             ReasonCode::ReceiveMaximumExceeded,
                             "more unreleased QoS 2 messages than Receive Maximum",
                         );
                     } else {
-                        st.incoming_qos2.insert(id)
+                        (st.receive_qos2(id), st.ticket())
                     }
                 };
                 let ack = Packet::PubRec(Ack::new(id));
                 // A PUBLISH resent before PUBREL is acknowledged again but not delivered twice.
                 if !first {
-                    self.reply(&ack, out);
+                    self.ack(ack, ticket, out);
                     return Flow::Continue;
                 }
-                ack
+                (ack, ticket)
             }
         };
-        let held = self.broker.publish(msg);
-        if held.is_empty() {
-            self.reply(&ack, out);
+        let published = self.broker.publish(msg);
+        ticket = ticket.max(published.ticket);
+        if published.held.is_empty() {
+            self.ack(ack, ticket, out);
         } else {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
-            self.held = Some(Box::new(Held { ack, sessions: held, since: Instant::now() }));
+            self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: Instant::now() }));
         }
         Flow::Continue
     }
 
-    /// True while an acknowledgement is held back by full subscriber queues, or the client is
-    /// paused (publish rate, memory alarm): the connection reads nothing more from this client
-    /// until [`Inbound::release_held`] returns.
-    pub fn is_held(&self) -> bool {
-        self.held.is_some() || self.pause.is_some()
+    /// Sends an acknowledgement once the store changes it confirms (up to `ticket`) are on
+    /// disk: at once unless durability is sync and the group commit has not reached it yet.
+    /// Acknowledgements keep their order (MQTT-4.6.0-2), so one behind a waiting one waits too.
+    pub fn ack(&mut self, p: Packet, ticket: Ticket, out: &mut BytesMut) {
+        let store = &self.broker.store;
+        if let Some(d) = self.durable.as_deref_mut() {
+            if !d.acks.is_empty() || *d.synced.borrow() < ticket {
+                d.acks.push_back((ticket, p));
+                return;
+            }
+        } else if ticket > 0 && store.sync() && *store.durable().borrow() < ticket {
+            let synced = store.durable();
+            self.durable = Some(Box::new(Durable { acks: VecDeque::from([(ticket, p)]), synced }));
+            return;
+        }
+        self.reply(&p, out);
     }
 
-    /// Waits until every subscriber queue that held the acknowledgement has drained (or its
-    /// client went away), then returns the acknowledgement to send. A subscriber that holds it
-    /// past `session.slow_consumer_timeout_secs` is disconnected. Cancel-safe; never resolves
-    /// when nothing is held. A pause ends with None: nothing to send.
-    pub async fn release_held(&mut self) -> Option<Packet> {
+    /// True while acknowledgements wait for the group commit.
+    pub fn awaits_sync(&self) -> bool {
+        self.durable.as_ref().is_some_and(|d| !d.acks.is_empty())
+    }
+
+    /// Encodes the acknowledgements the group commit has made durable into `out`.
+    pub fn flush_synced(&mut self, out: &mut BytesMut) {
+        let Some(d) = self.durable.as_deref_mut() else { return };
+        let synced = *d.synced.borrow_and_update();
+        while let Some((ticket, p)) = d.acks.front() {
+            if *ticket > synced {
+                break;
+            }
+            let _ = encode(p, self.version, out);
+            d.acks.pop_front();
+        }
+    }
+
+    /// Waits for a held acknowledgement to be released (its subscriber queues drained), for a
+    /// pause to end or, while acknowledgements await the group commit, for the commit to move
+    /// on (`None`: call [`Inbound::flush_synced`]). Cancel-safe.
+    pub async fn next_ack(&mut self) -> Option<(Packet, Ticket)> {
         let timeout = self.broker.config.session.slow_consumer_timeout_secs;
-        let Some(held) = self.held.as_mut() else {
-            match self.pause {
-                Some(Pause::Until(t)) => tokio::time::sleep_until(t.into()).await,
-                Some(Pause::Memory) => self.broker.memory.wait_cleared().await,
-                None => std::future::pending().await,
-            }
-            self.pause = None;
-            return None;
-        };
-        while let Some(s) = held.sessions.last() {
-            if timeout == 0 {
+        let (held, durable, pause) = (&mut self.held, &mut self.durable, &mut self.pause);
+        tokio::select! {
+            ack = release_held(held, timeout) => Some(ack),
+            () = commit_moved(durable) => None,
+            () = pause_ended(pause, self.broker) => None,
+        }
+    }
+
+    /// True while an acknowledgement is held back by full subscriber queues, the client is
+    /// paused (publish rate, memory alarm), or too many acknowledgements wait for the group
+    /// commit: the connection reads nothing more from this client until [`Inbound::next_ack`]
+    /// releases it.
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+            || self.pause.is_some()
+            || self
+                .durable
+                .as_ref()
+                .is_some_and(|d| d.acks.len() >= usize::from(self.broker.config.mqtt.receive_maximum))
+    }
+}
+
+/// Waits until every subscriber queue that held the acknowledgement has drained (or its
+/// client went away), then returns the acknowledgement and its ticket. A subscriber that holds
+/// it past `timeout` seconds is disconnected. Cancel-safe; never resolves when nothing is held.
+async fn release_held(held: &mut Option<Box<Held>>, timeout: u64) -> (Packet, Ticket) {
+    let Some(h) = held.as_mut() else { return std::future::pending().await };
+    while let Some(s) = h.sessions.last() {
+        if timeout == 0 {
+            s.wait_for_space().await;
+        } else {
+            let deadline = h.since + Duration::from_secs(timeout);
+            if tokio::time::timeout_at(deadline.into(), s.wait_for_space()).await.is_err() {
+                s.evict_slow_consumer(timeout);
                 s.wait_for_space().await;
-            } else {
-                let deadline = held.since + Duration::from_secs(timeout);
-                if tokio::time::timeout_at(deadline.into(), s.wait_for_space()).await.is_err() {
-                    s.evict_slow_consumer(timeout);
-                    s.wait_for_space().await;
-                }
             }
-            held.sessions.pop();
         }
-        match self.held.take() {
-            Some(h) => Some(h.ack),
-            None => std::future::pending().await,
-        }
+        h.sessions.pop();
+    }
+    match held.take() {
+        Some(h) => (h.ack, h.ticket),
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits until a pause ends (the publish rate allows more, or the memory alarm clears), then
+/// clears it. Cancel-safe; never resolves without a pause.
+async fn pause_ended(pause: &mut Option<Pause>, broker: &Broker) {
+    match *pause {
+        Some(Pause::Until(t)) => tokio::time::sleep_until(t.into()).await,
+        Some(Pause::Memory) => broker.memory.wait_cleared().await,
+        None => std::future::pending().await,
+    }
+    *pause = None;
+}
+
+/// Waits until the group commit moves on while acknowledgements wait for it.
+async fn commit_moved(durable: &mut Option<Box<Durable>>) {
+    let Some(d) = durable.as_deref_mut().filter(|d| !d.acks.is_empty()) else {
+        return std::future::pending().await;
+    };
+    if d.synced.changed().await.is_err() {
+        std::future::pending().await
     }
 }
 
 /// An acknowledgement waiting for subscriber queues to drain.
 struct Held {
     ack: Packet,
+    ticket: Ticket,
     sessions: Vec<Arc<Session>>,
     since: Instant,
 }

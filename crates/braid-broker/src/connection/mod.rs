@@ -133,7 +133,7 @@ where
             return None;
         }
     }
-    let (accepted, connack) = match broker.connect(&connect) {
+    let (mut accepted, connack) = match broker.connect(&connect) {
         Ok(a) => a,
         Err(reason) => {
             info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {}", reason.description());
@@ -141,6 +141,17 @@ where
             return None;
         }
     };
+    drop(connect);
+    if let Some(restore) = accepted.restore.take() {
+        // A persistent session's deliveries waiting on disk come back before anything is sent.
+        match restore.await {
+            Ok(Ok(stored)) => accepted.session.lock().restore(accepted.generation, stored),
+            Ok(Err(e)) => {
+                tracing::error!(client_id = %accepted.session.client_id, "cannot read queued deliveries back: {e}")
+            }
+            Err(_) => {}
+        }
+    }
     debug!(%peer, client_id = %accepted.session.client_id, ?version, ?user, "client connected");
     let mut out = BytesMut::new();
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
@@ -162,8 +173,10 @@ enum Event {
     Woken,
     /// A write completed (0 bytes or an error ends the connection).
     Wrote(std::io::Result<usize>),
-    /// The held acknowledgement may go out (None: a pause ended, nothing to send).
-    Released(Option<Packet>),
+    /// The held acknowledgement may go out (once its store ticket is on disk).
+    Released((Packet, crate::store::Ticket)),
+    /// The group commit moved on: acknowledgements waiting for it may go out.
+    Synced,
     /// A read completed (0 bytes is end of stream).
     Read(std::io::Result<usize>),
 }
@@ -192,17 +205,11 @@ async fn wait_busy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         biased;
         _ = ctl.woken() => Event::Woken,
         written = wr.write(pending), if !pending.is_empty() => Event::Wrote(written),
-        ack = release_if_held(held, inbound) => Event::Released(ack),
+        ack = inbound.next_ack() => match ack {
+            Some(ack) => Event::Released(ack),
+            None => Event::Synced,
+        },
         read = rbuf.read_from(rd), if !held => Event::Read(read),
-    }
-}
-
-/// Waits for the held acknowledgement or the end of a pause when there is one.
-async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Option<Packet> {
-    if held {
-        inbound.release_held().await
-    } else {
-        std::future::pending().await
     }
 }
 
@@ -345,7 +352,7 @@ impl<'a> Connection<'a> {
             // Most connections are idle most of the time: they wait on a small future. The full
             // wait (writing, held acknowledgements) lives in a box only while it is needed, so
             // an idle connection's task stays small.
-            let idle = !held && self.out.is_empty();
+            let idle = !held && self.out.is_empty() && !inbound.awaits_sync();
             if idle && !transmit && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
                 // Nothing to read, write or send since the last wake: give up the task.
                 let (aliases, acl) = inbound.into_kept();
@@ -385,11 +392,8 @@ impl<'a> Connection<'a> {
                         }
                     }
                 }
-                Event::Released(ack) => {
-                    if let Some(ack) = ack {
-                        inbound.reply(&ack, &mut self.out);
-                    }
-                }
+                Event::Released((ack, ticket)) => inbound.ack(ack, ticket, &mut self.out),
+                Event::Synced => inbound.flush_synced(&mut self.out),
                 Event::Read(Ok(n)) if n > 0 => {
                     a.ctl.touch(broker.now_ms());
                     Metrics::add(&broker.metrics.bytes_received, n as u64);

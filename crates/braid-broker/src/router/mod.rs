@@ -44,7 +44,13 @@ impl Router {
     /// Adds or replaces the subscription of `entry.session` to `filter` (in `group` if shared).
     /// Returns true if it is new.
     pub fn subscribe(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
-        self.trie.insert(filter, group, entry)
+        self.trie.insert(filter, group, entry, false)
+    }
+
+    /// Adds a subscription reloaded from the store at start: the session has none to
+    /// `filter` yet, so the scan for one (linear in the filter's subscribers) is skipped.
+    pub fn restore(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) {
+        self.trie.insert(filter, group, entry, true);
     }
 
     /// Removes a session's subscription. Returns true if it existed.

@@ -19,8 +19,8 @@ impl Slot {
         self.subs.is_empty() && self.groups.is_empty()
     }
 
-    /// Adds or replaces the session's entry. True if new.
-    fn insert(&mut self, group: Option<&str>, entry: SubEntry) -> bool {
+    /// Adds or replaces the session's entry (`unique`: known not to be there, no scan). True if new.
+    fn insert(&mut self, group: Option<&str>, entry: SubEntry, unique: bool) -> bool {
         let list = match group {
             None => &mut self.subs,
             Some(name) => {
@@ -34,7 +34,7 @@ impl Slot {
                 &mut self.groups[i].members
             }
         };
-        match list.iter_mut().find(|e| e.session.id == entry.session.id) {
+        match list.iter_mut().find(|e| !unique && e.session.id == entry.session.id) {
             Some(existing) => {
                 *existing = entry;
                 false
@@ -93,13 +93,14 @@ pub struct Trie {
 }
 
 impl Trie {
-    /// Adds or replaces a subscription to a valid `filter`. True if new.
-    pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
+    /// Adds or replaces a subscription to a valid `filter`. True if new. With `unique` the
+    /// caller knows the session has no subscription to `filter` yet (no scan for it).
+    pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry, unique: bool) -> bool {
         let mut node = &mut self.root;
         let mut levels = filter.split('/').peekable();
         while let Some(level) = levels.next() {
             if level == "#" && levels.peek().is_none() {
-                let new = node.multi.insert(group, entry);
+                let new = node.multi.insert(group, entry, unique);
                 self.len += usize::from(new);
                 return new;
             }
@@ -109,7 +110,7 @@ impl Trie {
                 node.children.entry(level.into()).or_default()
             };
         }
-        let new = node.here.insert(group, entry);
+        let new = node.here.insert(group, entry, unique);
         self.len += usize::from(new);
         new
     }

@@ -61,7 +61,46 @@ impl Inflight {
 
     /// Adds a delivery, sent now, with a fresh packet id (one not in use) and returns that id.
     pub fn push(&mut self, delivery: Delivery) -> u16 {
-        debug_assert_eq!(self.unsent, 0, "resends go first");
+        self.track_ids();
+        let id = self.free_id();
+        self.push_with_id(delivery, id, Stage::Published, false);
+        id
+    }
+
+    /// Adds a delivery with packet id `id` (which must be free): sent now, or (`unsent`)
+    /// restored from the store, to be resent.
+    pub fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool) {
+        debug_assert!(unsent || self.unsent == 0, "resends go first");
+        self.track_ids();
+        if let Some(bits) = self.in_use.as_mut() {
+            set_bit(bits, id, true);
+        }
+        self.unsent += u16::from(unsent);
+        self.entries.push_back(Entry { packet_id: id, delivery, stage, unsent });
+    }
+
+    /// True if packet id `id` is in use.
+    pub fn in_use(&self, id: u16) -> bool {
+        match &self.in_use {
+            Some(bits) => bits[usize::from(id) / 64] & (1 << (id % 64)) != 0,
+            None => self.entries.iter().any(|e| e.packet_id == id),
+        }
+    }
+
+    /// Takes every entry out (the session goes to disk).
+    pub fn drain(&mut self) -> impl Iterator<Item = Entry> + '_ {
+        self.unsent = 0;
+        self.in_use = None;
+        self.entries.drain(..)
+    }
+
+    /// Store sequence number of the delivery with packet id `id` at `stage`.
+    pub fn seq_of(&self, id: u16, stage: Stage) -> Option<u64> {
+        self.position(id, stage).map(|i| self.entries[i].delivery.seq)
+    }
+
+    /// Switches to the id bitmap once the window is large.
+    fn track_ids(&mut self) {
         if self.in_use.is_none() && self.entries.len() >= SCAN_LIMIT {
             let mut bits = Box::new([0u64; 1024]);
             for e in &self.entries {
@@ -69,12 +108,6 @@ impl Inflight {
             }
             self.in_use = Some(bits);
         }
-        let id = self.free_id();
-        if let Some(bits) = self.in_use.as_mut() {
-            set_bit(bits, id, true);
-        }
-        self.entries.push_back(Entry { packet_id: id, delivery, stage: Stage::Published, unsent: false });
-        id
     }
 
     fn free_id(&mut self) -> u16 {
@@ -83,13 +116,8 @@ impl Inflight {
             if self.next_id == 0 {
                 continue;
             }
-            let id = self.next_id;
-            let used = match &self.in_use {
-                Some(bits) => bits[usize::from(id) / 64] & (1 << (id % 64)) != 0,
-                None => self.entries.iter().any(|e| e.packet_id == id),
-            };
-            if !used {
-                return id;
+            if !self.in_use(self.next_id) {
+                return self.next_id;
             }
         }
     }
@@ -98,20 +126,17 @@ impl Inflight {
         self.entries.iter().position(|e| e.packet_id == id && e.stage == stage)
     }
 
-    /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. False if `id` is unknown.
-    pub fn complete(&mut self, id: u16, stage: Stage) -> bool {
-        match self.position(id, stage) {
-            Some(i) => {
-                if self.entries.remove(i).is_some_and(|e| e.unsent) {
-                    self.unsent -= 1;
-                }
-                if let Some(bits) = self.in_use.as_mut() {
-                    set_bit(bits, id, false);
-                }
-                true
-            }
-            None => false,
+    /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. Returns its store
+    /// sequence number, or None if `id` is unknown.
+    pub fn complete(&mut self, id: u16, stage: Stage) -> Option<u64> {
+        let e = self.entries.remove(self.position(id, stage)?)?;
+        if e.unsent {
+            self.unsent -= 1;
         }
+        if let Some(bits) = self.in_use.as_mut() {
+            set_bit(bits, id, false);
+        }
+        Some(e.delivery.seq)
     }
 
     /// PUBREC for `id`: move it to the PUBREL stage. False if `id` is unknown.
@@ -168,6 +193,7 @@ mod tests {
             qos: QoS::AtLeastOnce,
             retain: false,
             sub_id: None,
+            seq: 0,
         }
     }
 
@@ -189,7 +215,7 @@ mod tests {
         assert!(ids.iter().all(|id| seen.insert(*id)));
         // Free every other id, wrap around, and check new ids skip the ones still in use.
         for id in ids.iter().step_by(2) {
-            assert!(w.complete(*id, Stage::Published));
+            assert!(w.complete(*id, Stage::Published).is_some());
         }
         w.next_id = 0;
         for _ in 0..500 {
@@ -203,10 +229,10 @@ mod tests {
     fn qos2_moves_through_release_to_complete() {
         let mut w = Inflight::default();
         let id = w.push(delivery());
-        assert!(!w.complete(id, Stage::Released), "PUBCOMP before PUBREC is unknown");
+        assert!(w.complete(id, Stage::Released).is_none(), "PUBCOMP before PUBREC is unknown");
         assert!(w.release(id));
         assert!(w.release(id), "a repeated PUBREC is harmless");
-        assert!(w.complete(id, Stage::Released));
+        assert!(w.complete(id, Stage::Released).is_some());
         assert!(w.is_empty());
     }
 
@@ -222,7 +248,7 @@ mod tests {
         let second = w.next_unsent().unwrap().packet_id;
         assert!(w.next_unsent().is_none());
         w.mark_all_unsent();
-        assert!(w.complete(second, Stage::Published), "acked before it was resent");
+        assert!(w.complete(second, Stage::Published).is_some(), "acked before it was resent");
         assert!(w.next_unsent().is_some());
         assert!(w.next_unsent().is_none());
     }

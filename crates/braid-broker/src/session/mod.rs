@@ -3,6 +3,7 @@
 
 mod alias;
 mod inflight;
+mod persist;
 mod queue;
 mod state;
 
@@ -14,7 +15,8 @@ use tokio::sync::Notify;
 use braid_proto::ByteString;
 
 pub use alias::OutboundAliases;
-pub use queue::{Enqueued, QueueLimits};
+pub use persist::{Persist, Restore};
+pub use queue::{Enqueued, OnDisk, Queue, QueueLimits};
 pub use state::{Link, SessionState, SubscriptionRecord, Transmit};
 
 use crate::message::Delivery;
@@ -43,8 +45,9 @@ impl Session {
         self.state.lock()
     }
 
-    /// Offers a delivery and wakes the attached connection, if any.
-    pub fn deliver(&self, d: Delivery) -> Enqueued {
+    /// Offers a delivery and wakes the attached connection, if any. Returns what became of
+    /// it and the ticket of the session's latest store change (see [`crate::store`]).
+    pub fn deliver(&self, d: Delivery) -> (Enqueued, crate::store::Ticket) {
         let mut st = self.state.lock();
         let r = st.enqueue(d);
         if let Some(link) = &st.link {
@@ -52,7 +55,7 @@ impl Session {
                 link.ctl.wake();
             }
         }
-        r
+        (r, st.ticket())
     }
 
     /// Waits until this session no longer holds publishers back: its queue drained, or its

@@ -52,28 +52,80 @@ pub enum Enqueued {
     SkippedOffline,
 }
 
+/// What a queue holds: a delivery in memory, or the index entry of one on disk.
+pub trait Item {
+    /// Bytes it counts against the byte limit.
+    fn size(&self) -> usize;
+    /// Its QoS.
+    fn qos(&self) -> QoS;
+    /// Its store sequence number (0 when not persisted).
+    fn seq(&self) -> u64;
+}
+
+impl Item for Delivery {
+    fn size(&self) -> usize {
+        self.msg.topic.len() + self.msg.payload.len()
+    }
+    fn qos(&self) -> QoS {
+        self.qos
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// A delivery of an offline persistent session that lives on disk: only this stays in memory.
+#[derive(Debug, Clone, Copy)]
+pub struct OnDisk {
+    /// Store sequence number.
+    pub seq: u64,
+    /// Bytes of topic and payload.
+    pub size: usize,
+    /// QoS.
+    pub qos: QoS,
+}
+
+impl Item for OnDisk {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn qos(&self) -> QoS {
+        self.qos
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
 /// A FIFO of deliveries with length and byte bounds and an overflow policy.
 #[derive(Debug)]
-pub struct Queue {
-    items: VecDeque<Delivery>,
+pub struct Queue<T = Delivery> {
+    items: VecDeque<T>,
     bytes: usize,
     limits: Arc<QueueLimits>,
+    /// Sequence number of the persisted delivery the last push dropped to make room.
+    evicted: u64,
 }
 
-fn size(d: &Delivery) -> usize {
-    d.msg.topic.len() + d.msg.payload.len()
+fn size<T: Item>(d: &T) -> usize {
+    d.size()
 }
 
-impl Queue {
+impl<T: Item> Queue<T> {
     /// An empty queue.
-    pub fn new(limits: Arc<QueueLimits>) -> Queue {
-        Queue { items: VecDeque::new(), bytes: 0, limits }
+    pub fn new(limits: Arc<QueueLimits>) -> Queue<T> {
+        Queue { items: VecDeque::new(), bytes: 0, limits, evicted: 0 }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Arc<QueueLimits> {
+        &self.limits
     }
 
     /// Offers a delivery; `online` tells whether a client is connected. Backpressure needs a
     /// client that drains the queue, so an offline session drops the newest instead.
-    pub fn push(&mut self, d: Delivery, online: bool) -> Enqueued {
-        let qos0 = d.qos == QoS::AtMostOnce;
+    pub fn push(&mut self, d: T, online: bool) -> Enqueued {
+        let qos0 = d.qos() == QoS::AtMostOnce;
         if !online && qos0 && !self.limits.queue_qos0 {
             return Enqueued::SkippedOffline;
         }
@@ -89,7 +141,8 @@ impl Queue {
             }
             OverflowPolicy::Backpressure | OverflowPolicy::DropNewest => Enqueued::DroppedFull,
             OverflowPolicy::DropOldest => match self.pop() {
-                Some(_) => {
+                Some(old) => {
+                    self.evicted = old.seq();
                     self.push_back(d);
                     Enqueued::QueuedDroppedOldest
                 }
@@ -98,9 +151,28 @@ impl Queue {
         }
     }
 
-    fn push_back(&mut self, d: Delivery) {
+    /// Appends without looking at the limits.
+    pub fn push_back(&mut self, d: T) {
         self.bytes += size(&d);
         self.items.push_back(d);
+    }
+
+    /// Puts `items`, older than everything queued, in front.
+    pub fn push_front_all(&mut self, items: Vec<T>) {
+        self.bytes += items.iter().map(size).sum::<usize>();
+        let rest = std::mem::take(&mut self.items);
+        self.items = items.into_iter().chain(rest).collect();
+    }
+
+    /// Sequence number (once) of the persisted delivery the last push dropped (0 if none).
+    pub fn take_evicted(&mut self) -> u64 {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// Takes every item out.
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.bytes = 0;
+        self.items.drain(..)
     }
 
     /// True when the queue is at or over either limit.
@@ -117,12 +189,12 @@ impl Queue {
     }
 
     /// The oldest delivery, if any.
-    pub fn front(&self) -> Option<&Delivery> {
+    pub fn front(&self) -> Option<&T> {
         self.items.front()
     }
 
     /// Removes the oldest delivery.
-    pub fn pop(&mut self) -> Option<Delivery> {
+    pub fn pop(&mut self) -> Option<T> {
         let d = self.items.pop_front()?;
         self.bytes -= size(&d);
         Some(d)
@@ -141,7 +213,7 @@ impl Queue {
     /// Drops every queued QoS 0 delivery (a client went offline and QoS 0 is not kept).
     pub fn drop_qos0(&mut self) {
         if !self.limits.queue_qos0 {
-            self.items.retain(|d| d.qos != QoS::AtMostOnce);
+            self.items.retain(|d| d.qos() != QoS::AtMostOnce);
             self.bytes = self.items.iter().map(size).sum();
         }
     }
@@ -165,7 +237,7 @@ mod tests {
 
     fn d(qos: QoS, payload: usize) -> Delivery {
         let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
-        Delivery { msg, qos, retain: false, sub_id: None }
+        Delivery { msg, qos, retain: false, sub_id: None, seq: 0 }
     }
 
     #[test]

@@ -14,9 +14,11 @@ use braid_proto::{
 
 use super::alias::{AliasUse, OutboundAliases};
 use super::inflight::{Inflight, Stage};
+use super::persist::{Persist, Restore};
 use super::queue::{Enqueued, Queue, QueueLimits};
 use crate::control::ConnControl;
 use crate::message::Delivery;
+use crate::store::{self, SessionRecord, Stored, Ticket};
 
 /// A map without per-map random hash keys (16 bytes less in every session). Its keys are a
 /// session's own subscriptions and packet ids, bounded by the session's limits.
@@ -65,6 +67,13 @@ impl Link {
     }
 }
 
+/// Delivery `seq` of a persistent session is finished.
+fn done(persist: &mut Option<Box<Persist>>, seq: u64) {
+    if let Some(p) = persist.as_deref_mut() {
+        p.done(seq);
+    }
+}
+
 /// What one call of [`SessionState::poll_transmit`] produced.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
@@ -99,6 +108,8 @@ pub struct SessionState {
     pub dropped: u64,
     /// A publisher waits for this queue to drain (backpressure).
     publishers_waiting: bool,
+    /// The store link of a persistent session (None: nothing of it is written anywhere).
+    pub persist: Option<Box<Persist>>,
 }
 
 impl SessionState {
@@ -115,6 +126,7 @@ impl SessionState {
             generation: 0,
             dropped: 0,
             publishers_waiting: false,
+            persist: None,
         }
     }
 
@@ -140,23 +152,109 @@ impl SessionState {
 
     /// Detaches connection `generation` if it is still the attached one; QoS 0 deliveries
     /// waiting for it are dropped unless the session queues QoS 0. True if it was attached.
+    /// A persistent session's deliveries go to disk and leave memory.
     pub fn detach(&mut self, generation: u64) -> bool {
         if self.is_attached(generation) {
             self.link = None;
-            self.queue.drop_qos0();
+            match self.persist.as_deref_mut() {
+                Some(p) => {
+                    let limits = self.queue.limits().clone();
+                    p.spill(self.inflight.drain().map(|e| e.delivery).chain(self.queue.drain()), limits);
+                }
+                None => self.queue.drop_qos0(),
+            }
             true
         } else {
             false
         }
     }
 
-    /// Offers a delivery to the session.
+    /// Offers a delivery to the session (and to the store, for a persistent session).
     pub fn enqueue(&mut self, d: Delivery) -> Enqueued {
-        let r = self.queue.push(d, self.is_online());
+        let online = self.is_online();
+        let r = match self.persist.as_deref_mut() {
+            Some(p) if d.qos != QoS::AtMostOnce || self.queue.limits().queue_qos0 => {
+                p.enqueue(d, &mut self.queue, online)
+            }
+            _ => self.queue.push(d, online),
+        };
         if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
             self.dropped += 1;
         }
         r
+    }
+
+    /// Ticket of the session's latest change in the store (0 if it is not persisted).
+    pub fn ticket(&self) -> Ticket {
+        self.persist.as_ref().map_or(0, |p| p.ticket)
+    }
+
+    /// Writes the session's metadata to the store (persistent sessions only).
+    pub fn save(&mut self) {
+        let offline_since = (!self.is_online()).then(store::unix_now);
+        let Some(p) = self.persist.as_deref_mut() else { return };
+        p.save(SessionRecord {
+            id: 0,
+            client_id: ByteString::new(),
+            expiry_secs: self.expiry_secs,
+            will: self.will.as_deref().cloned(),
+            subscriptions: self.subscriptions.iter().map(|(f, s)| (f.clone(), *s)).collect(),
+            offline_since,
+        });
+    }
+
+    /// The session ended: its store data goes.
+    pub fn forget(&mut self) {
+        if let Some(mut p) = self.persist.take() {
+            p.end();
+        }
+    }
+
+    /// Asks the store for the deliveries waiting on disk (a client reconnected); hand the
+    /// answer to [`SessionState::restore`].
+    pub fn load(&mut self) -> Option<Restore> {
+        self.persist.as_deref_mut()?.load()
+    }
+
+    /// Puts deliveries read back from the store in front of the connection `generation`:
+    /// those sent before are resent (DUP, same packet id, or PUBREL), the rest queued first.
+    pub fn restore(&mut self, generation: u64, stored: Vec<Stored>) {
+        if !self.is_attached(generation) {
+            return;
+        }
+        let Some(p) = self.persist.as_deref_mut() else { return };
+        p.offline = None;
+        let mut queued = Vec::new();
+        for s in stored {
+            let stage = match s.stage {
+                store::Stage::Queued => {
+                    queued.push(s.delivery);
+                    continue;
+                }
+                store::Stage::Sent => Stage::Published,
+                store::Stage::Released => Stage::Released,
+            };
+            self.inflight.push_with_id(s.delivery, store::packet_id_for(s.seq), stage, true);
+        }
+        self.queue.push_front_all(queued);
+    }
+
+    /// Inbound QoS 2 PUBLISH with `id`: true if it is new (not received and unreleased).
+    pub fn receive_qos2(&mut self, id: u16) -> bool {
+        let new = self.incoming_qos2.insert(id);
+        if let (true, Some(p)) = (new, self.persist.as_deref_mut()) {
+            p.incoming_qos2(id, true);
+        }
+        new
+    }
+
+    /// PUBREL for inbound `id`: true if it was known.
+    pub fn release_qos2(&mut self, id: u16) -> bool {
+        let known = self.incoming_qos2.remove(&id);
+        if let (true, Some(p)) = (known, self.persist.as_deref_mut()) {
+            p.incoming_qos2(id, false);
+        }
+        known
     }
 
     /// True while a connected client's full queue holds publishers back (backpressure).
@@ -185,15 +283,26 @@ impl SessionState {
 
     /// PUBACK from the client. False if the id is unknown.
     pub fn on_puback(&mut self, id: u16) -> bool {
-        self.inflight.complete(id, Stage::Published)
+        self.complete(id, Stage::Published)
+    }
+
+    fn complete(&mut self, id: u16, stage: Stage) -> bool {
+        let seq = self.inflight.complete(id, stage);
+        done(&mut self.persist, seq.unwrap_or(0));
+        seq.is_some()
     }
 
     /// PUBREC from the client: the PUBREL to answer with, or None if the client refused the
     /// message (a failure reason ends the exchange).
     pub fn on_pubrec(&mut self, ack: &Ack) -> Option<Ack> {
         if ack.reason.is_error() {
-            self.inflight.complete(ack.packet_id, Stage::Published);
+            self.complete(ack.packet_id, Stage::Published);
             return None;
+        }
+        if let (Some(seq), Some(p)) =
+            (self.inflight.seq_of(ack.packet_id, Stage::Published), self.persist.as_deref_mut())
+        {
+            p.stage(seq, store::Stage::Released);
         }
         let reason = if self.inflight.release(ack.packet_id) {
             ReasonCode::Success
@@ -205,7 +314,7 @@ impl SessionState {
 
     /// PUBCOMP from the client. False if the id is unknown.
     pub fn on_pubcomp(&mut self, id: u16) -> bool {
-        self.inflight.complete(id, Stage::Released)
+        self.complete(id, Stage::Released)
     }
 
     /// Encodes what is ready for the attached client into `buf`, stopping once `buf` holds
@@ -230,7 +339,8 @@ impl SessionState {
                     None => {
                         // Too large for the client now: discard it as if sent (MQTT-3.1.2-25).
                         let (id, stage) = (e.packet_id, e.stage);
-                        self.inflight.complete(id, stage);
+                        let seq = self.inflight.complete(id, stage);
+                        done(&mut self.persist, seq.unwrap_or(0));
                         t.dropped += 1;
                         continue;
                     }
@@ -247,17 +357,35 @@ impl SessionState {
             if front.qos != QoS::AtMostOnce && self.inflight.len() >= link.window {
                 break;
             }
+            // A persisted delivery's packet id is derived from its sequence number; in the
+            // rare case that id is still in flight, wait for it.
+            let stored_id = (front.seq != 0).then(|| store::packet_id_for(front.seq));
+            if front.qos != QoS::AtMostOnce && stored_id.is_some_and(|id| self.inflight.in_use(id)) {
+                break;
+            }
             let Some(d) = self.queue.pop() else { break };
             if d.msg.is_expired(now) {
+                done(&mut self.persist, d.seq);
                 t.dropped += 1;
                 continue;
             }
             let Some(mut p) = publish_packet(link, &d, 1, false, now) else {
+                done(&mut self.persist, d.seq);
                 t.dropped += 1;
                 continue;
             };
-            if d.qos != QoS::AtMostOnce {
-                p.packet_id = self.inflight.push(d);
+            match (d.qos, stored_id, self.persist.as_deref_mut()) {
+                (QoS::AtMostOnce, _, persist) => {
+                    if let Some(persist) = persist {
+                        persist.done(d.seq);
+                    }
+                }
+                (_, Some(id), Some(persist)) => {
+                    persist.stage(d.seq, store::Stage::Sent);
+                    p.packet_id = id;
+                    self.inflight.push_with_id(d, id, Stage::Published, false);
+                }
+                _ => p.packet_id = self.inflight.push(d),
             }
             let _ = encode(&Packet::Publish(p), version, buf);
             t.published += 1;
@@ -341,6 +469,7 @@ mod tests {
             qos,
             retain: false,
             sub_id: None,
+            seq: 0,
         }
     }
 
@@ -440,7 +569,7 @@ mod tests {
         props.message_expiry_interval = Some(1);
         let dead = Message::from_publish(make(props), now, 1, ByteString::new());
         for msg in [dead, live] {
-            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None });
+            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None, seq: 0 });
         }
         let later = now + std::time::Duration::from_secs(4);
         let sent = transmit(&mut st, later);

@@ -1,0 +1,865 @@
+//! The disk store: an append-only log of records in 64 MiB segment files under `data_dir`,
+//! written by one thread that takes every change submitted since its last write as one batch,
+//! writes it and (sync durability) fsyncs it before announcing the batch durable: group
+//! commit. An index in memory maps each live record to its place on disk; a segment whose
+//! records are all dead is deleted, oldest first, and the oldest segment is compacted (its few
+//! live records copied to the head) when it holds mostly dead ones.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use braid_proto::ByteString;
+
+use super::record::{self, kind};
+use super::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket};
+use crate::config::{Durability, StoreConfig};
+use crate::message::Message;
+
+/// Marks a directory as a Braid store and names the format version.
+const MARKER: &str = "braid-store";
+const MARKER_TEXT: &str = "braid store format 1\n";
+/// First bytes of every segment file.
+const SEGMENT_MAGIC: &[u8; 16] = b"BRAID-SEGMENT-1\n";
+/// Encoded records written out once the batch buffer holds this many bytes.
+const MAX_BUFFER: usize = 4 << 20;
+/// A segment is closed once it is larger than this.
+const SEGMENT_SIZE: u64 = 64 << 20;
+
+/// Place of one record.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    seg: u32,
+    off: u64,
+    len: u32,
+}
+
+#[derive(Debug)]
+struct Msg {
+    loc: Loc,
+    stage: Stage,
+}
+
+#[derive(Debug, Default)]
+struct SessionIndex {
+    meta: Option<Loc>,
+    msgs: BTreeMap<u64, Msg>,
+    qos2: HashMap<u16, Loc>,
+    max_seq: u64,
+}
+
+#[derive(Debug)]
+struct Segment {
+    file: File,
+    size: u64,
+    live: u64,
+}
+
+/// Live records by place, with live bytes per segment.
+#[derive(Debug, Default)]
+struct Index {
+    sessions: HashMap<u64, SessionIndex>,
+    retained: HashMap<ByteString, Loc>,
+    max_session: u64,
+}
+
+struct Pending {
+    ops: Vec<Op>,
+    next: Ticket,
+    closed: bool,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+}
+
+/// The disk store (see the module documentation).
+pub struct DiskStore {
+    shared: Arc<Shared>,
+    sync: bool,
+    durable: watch::Receiver<Ticket>,
+    recovered: Mutex<Option<Recovered>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for DiskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskStore").field("sync", &self.sync).finish()
+    }
+}
+
+impl DiskStore {
+    /// Opens (creating if needed) the store in `config.data_dir`, reads it back and starts the
+    /// writer. A foreign or damaged directory is refused with the file and the problem.
+    pub fn open(config: &StoreConfig) -> Result<DiskStore, StoreError> {
+        let started = Instant::now();
+        let dir = config.data_dir.clone();
+        let lock = prepare_dir(&dir)?;
+        let mut log = Log::open(&dir, lock)?;
+        let recovered = log.recover()?;
+        info!(
+            dir = %dir.display(),
+            sessions = recovered.sessions.len(),
+            queued = recovered.sessions.iter().map(|s| s.queued.len()).sum::<usize>(),
+            retained = recovered.retained.len(),
+            "store opened in {:.2}s",
+            started.elapsed().as_secs_f64()
+        );
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending { ops: Vec::new(), next: 0, closed: false }),
+            wake: Condvar::new(),
+        });
+        let (tx, durable) = watch::channel(0);
+        let sync = config.durability == Durability::Sync;
+        let interval = Duration::from_millis(config.flush_interval_ms);
+        let writer_shared = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("braid-store".into())
+            .spawn(move || log.run(&writer_shared, &tx, sync, interval))
+            .map_err(|e| StoreError(format!("cannot start the writer thread: {e}")))?;
+        Ok(DiskStore {
+            shared,
+            sync,
+            durable,
+            recovered: Mutex::new(Some(recovered)),
+            writer: Mutex::new(Some(writer)),
+        })
+    }
+}
+
+impl Store for DiskStore {
+    fn persistent(&self) -> bool {
+        true
+    }
+
+    fn sync(&self) -> bool {
+        self.sync
+    }
+
+    fn submit(&self, op: Op) -> Ticket {
+        let mut p = self.shared.pending.lock();
+        p.next += 1;
+        p.ops.push(op);
+        if p.ops.len() == 1 {
+            self.shared.wake.notify_one();
+        }
+        p.next
+    }
+
+    fn durable(&self) -> watch::Receiver<Ticket> {
+        self.durable.clone()
+    }
+
+    fn take_recovered(&self) -> Recovered {
+        self.recovered.lock().take().unwrap_or_default()
+    }
+
+    fn close(&self) {
+        self.shared.pending.lock().closed = true;
+        self.shared.wake.notify_one();
+        if let Some(writer) = self.writer.lock().take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl Drop for DiskStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Creates `dir` or checks it is a Braid store; takes its lock so no second broker opens it.
+fn prepare_dir(dir: &Path) -> Result<File, StoreError> {
+    let err = |what: &str, e: io::Error| StoreError(format!("{}: {what}: {e}", dir.display()));
+    fs::create_dir_all(dir).map_err(|e| err("cannot create the data directory", e))?;
+    let marker = dir.join(MARKER);
+    match fs::read_to_string(&marker) {
+        Ok(text) if text == MARKER_TEXT => {}
+        Ok(_) => {
+            return Err(StoreError(format!(
+                "{}: not a Braid store of a format this version reads; refusing to start",
+                marker.display()
+            )))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let foreign = fs::read_dir(dir)
+                .map_err(|e| err("cannot list the data directory", e))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|n| n != "lost+found");
+            if let Some(name) = foreign {
+                return Err(StoreError(format!(
+                    "{}: not a Braid data directory (no {MARKER} file, but it holds {name}); refusing to \
+                     start: set store.data_dir to an empty or new directory",
+                    dir.display()
+                )));
+            }
+            fs::write(&marker, MARKER_TEXT).map_err(|e| err("cannot write the store marker", e))?;
+        }
+        Err(e) => return Err(err("cannot read the store marker", e)),
+    }
+    let lock = File::open(&marker).map_err(|e| err("cannot open the store marker", e))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(fs::TryLockError::WouldBlock) => Err(StoreError(format!(
+            "{}: the data directory is in use by another broker; refusing to start",
+            dir.display()
+        ))),
+        Err(fs::TryLockError::Error(e)) => Err(err("cannot lock the data directory", e)),
+    }
+}
+
+fn segment_name(n: u32) -> String {
+    format!("{n:08}.seg")
+}
+
+/// The log: segment files, the index of live records and the batch being written.
+struct Log {
+    dir: PathBuf,
+    segs: BTreeMap<u32, Segment>,
+    head: u32,
+    /// Encoded records not yet written; they belong at the end of the head segment.
+    buf: Vec<u8>,
+    index: Index,
+    _lock: File,
+}
+
+impl Log {
+    fn open(dir: &Path, lock: File) -> Result<Log, StoreError> {
+        Ok(Log {
+            dir: dir.into(),
+            segs: BTreeMap::new(),
+            head: 0,
+            buf: Vec::new(),
+            index: Index::default(),
+            _lock: lock,
+        })
+    }
+
+    fn path(&self, seg: u32) -> PathBuf {
+        self.dir.join(segment_name(seg))
+    }
+
+    /// Reads every segment, rebuilding the index. A damaged record in the last segment is
+    /// the tail of a write the crash interrupted: it is cut off and reported. Damage anywhere
+    /// else refuses the start, naming the file and offset.
+    fn recover(&mut self) -> Result<Recovered, StoreError> {
+        let mut numbers = Vec::new();
+        for entry in
+            fs::read_dir(&self.dir).map_err(|e| StoreError(format!("{}: {e}", self.dir.display())))?
+        {
+            let Ok(entry) = entry else { continue };
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(n) = name.strip_suffix(".seg") {
+                match n.parse::<u32>() {
+                    Ok(n) if name == segment_name(n) => numbers.push(n),
+                    _ => {
+                        return Err(StoreError(format!(
+                            "{}: unexpected file in the store; refusing to start",
+                            entry.path().display()
+                        )))
+                    }
+                }
+            }
+        }
+        numbers.sort_unstable();
+        let mut retained: HashMap<ByteString, (Loc, Vec<u8>)> = HashMap::new();
+        let mut metas: HashMap<u64, Vec<u8>> = HashMap::new();
+        for (i, &n) in numbers.iter().enumerate() {
+            let last = i + 1 == numbers.len();
+            let path = self.path(n);
+            let fail = |what: String| StoreError(format!("{}: {what}; refusing to start", path.display()));
+            let data = fs::read(&path).map_err(|e| fail(format!("cannot read: {e}")))?;
+            let file =
+                OpenOptions::new().read(true).append(true).open(&path).map_err(|e| fail(e.to_string()))?;
+            if data.len() < SEGMENT_MAGIC.len() || &data[..SEGMENT_MAGIC.len()] != SEGMENT_MAGIC {
+                if last && data.len() < SEGMENT_MAGIC.len() && SEGMENT_MAGIC.starts_with(&data) {
+                    // Created but its header not written when the broker stopped: empty.
+                    file.set_len(0).map_err(|e| fail(e.to_string()))?;
+                    (&file).write_all(SEGMENT_MAGIC).map_err(|e| fail(e.to_string()))?;
+                    self.segs.insert(n, Segment { file, size: SEGMENT_MAGIC.len() as u64, live: 0 });
+                    continue;
+                }
+                return Err(fail("not a Braid segment (bad header)".into()));
+            }
+            self.segs.insert(n, Segment { file, size: data.len() as u64, live: 0 });
+            let mut off = SEGMENT_MAGIC.len();
+            while off < data.len() {
+                let (k, body, len) = match record::unframe(&data[off..]) {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(why) if last && torn_tail(&data[off..]) => {
+                        let lost = data.len() - off;
+                        warn!(
+                            file = %path.display(),
+                            "cut off {lost} bytes at offset {off}: {why} (the tail of a write interrupted by \
+                             a crash; with sync durability nothing in it was acknowledged)"
+                        );
+                        let seg = self.segs.get_mut(&n).expect("inserted above");
+                        seg.file.set_len(off as u64).map_err(|e| fail(e.to_string()))?;
+                        seg.file.sync_all().map_err(|e| fail(e.to_string()))?;
+                        seg.size = off as u64;
+                        break;
+                    }
+                    Err(why) => return Err(fail(format!("damaged record at offset {off}: {why}"))),
+                };
+                let loc = Loc { seg: n, off: off as u64, len: len as u32 };
+                self.replay(k, body, loc, &mut retained, &mut metas)
+                    .map_err(|why| fail(format!("bad record at offset {off}: {why}")))?;
+                off += len;
+            }
+        }
+        if numbers.is_empty() {
+            self.new_segment(1).map_err(|e| StoreError(format!("{}: {e}", self.path(1).display())))?;
+        }
+        self.head = *self.segs.keys().next_back().unwrap_or(&1);
+        self.rebuild(retained, metas)
+    }
+
+    /// Applies one record read at start.
+    fn replay(
+        &mut self,
+        k: u8,
+        body: &[u8],
+        loc: Loc,
+        retained: &mut HashMap<ByteString, (Loc, Vec<u8>)>,
+        metas: &mut HashMap<u64, Vec<u8>>,
+    ) -> Result<(), String> {
+        let idx = &mut self.index;
+        match k {
+            kind::SESSION => {
+                let id = record::Reader(body).u64()?;
+                idx.max_session = idx.max_session.max(id);
+                let s = idx.sessions.entry(id).or_default();
+                if let Some(old) = s.meta.replace(loc) {
+                    live(&mut self.segs, old, false);
+                }
+                live(&mut self.segs, loc, true);
+                metas.insert(id, body.to_vec());
+            }
+            kind::END_SESSION => {
+                let id = record::Reader(body).u64()?;
+                idx.max_session = idx.max_session.max(id);
+                if let Some(s) = idx.sessions.remove(&id) {
+                    drop_session(&mut self.segs, s);
+                }
+                metas.remove(&id);
+            }
+            kind::APPEND => {
+                let (id, seq) = record::session_seq(body)?;
+                idx.max_session = idx.max_session.max(id);
+                let s = idx.sessions.entry(id).or_default();
+                s.max_seq = s.max_seq.max(seq);
+                if let Some(old) = s.msgs.insert(seq, Msg { loc, stage: Stage::Queued }) {
+                    live(&mut self.segs, old.loc, false);
+                }
+                live(&mut self.segs, loc, true);
+            }
+            kind::STAGE => {
+                let (id, seq) = record::session_seq(body)?;
+                let stage = record::read_stage(body)?;
+                if let Some(m) = idx.sessions.get_mut(&id).and_then(|s| s.msgs.get_mut(&seq)) {
+                    m.stage = stage;
+                }
+            }
+            kind::DONE => {
+                let (id, seq) = record::session_seq(body)?;
+                if let Some(m) = idx.sessions.get_mut(&id).and_then(|s| s.msgs.remove(&seq)) {
+                    live(&mut self.segs, m.loc, false);
+                }
+            }
+            kind::QOS2 => {
+                let (id, packet_id, pending) = record::read_qos2(body)?;
+                let s = idx.sessions.entry(id).or_default();
+                let old = if pending { s.qos2.insert(packet_id, loc) } else { s.qos2.remove(&packet_id) };
+                if let Some(old) = old {
+                    live(&mut self.segs, old, false);
+                }
+                if pending {
+                    live(&mut self.segs, loc, true);
+                }
+            }
+            kind::RETAIN => {
+                let msg = record::read_retain(body)?;
+                if let Some((old, _)) = retained.remove(&msg.topic) {
+                    live(&mut self.segs, old, false);
+                }
+                if !msg.payload.is_empty() {
+                    live(&mut self.segs, loc, true);
+                    retained.insert(msg.topic.clone(), (loc, body.to_vec()));
+                }
+            }
+            other => return Err(format!("unknown record kind {other}")),
+        }
+        Ok(())
+    }
+
+    /// The recovered state, from the index built by [`Log::replay`].
+    fn rebuild(
+        &mut self,
+        retained: HashMap<ByteString, (Loc, Vec<u8>)>,
+        metas: HashMap<u64, Vec<u8>>,
+    ) -> Result<Recovered, StoreError> {
+        let now = std::time::Instant::now();
+        let mut out = Recovered { next_session_id: self.index.max_session + 1, ..Default::default() };
+        for (topic, (loc, body)) in retained {
+            let msg = record::read_retain(&body).map_err(|e| self.damaged(loc, e))?;
+            if msg.is_expired(now) {
+                // Purged now, with a clearing record, so it is not read again next time.
+                live(&mut self.segs, loc, false);
+                self.put(kind::RETAIN, &record::retain(&Message::internal(topic, Default::default(), true)));
+            } else {
+                self.index.retained.insert(topic, loc);
+                out.retained.push(msg);
+            }
+        }
+        let mut orphans = Vec::new();
+        for (&id, s) in &self.index.sessions {
+            let Some(body) = metas.get(&id) else {
+                orphans.push(id);
+                continue;
+            };
+            let record = record::read_session(body).map_err(|e| self.damaged(s.meta.expect("meta"), e))?;
+            let queued = s.msgs.iter().map(|(seq, m)| (*seq, m.loc.len as usize)).collect();
+            out.sessions.push(RecoveredSession {
+                record,
+                next_seq: s.max_seq + 1,
+                queued,
+                incoming_qos2: s.qos2.keys().copied().collect(),
+            });
+        }
+        for id in orphans {
+            // Deliveries of a session whose record is gone: cannot happen with records written
+            // in order; said rather than kept.
+            let s = self.index.sessions.remove(&id).expect("listed above");
+            warn!("store: dropping {} deliveries of unknown session {id}", s.msgs.len());
+            drop_session(&mut self.segs, s);
+            self.end_session(id);
+        }
+        self.write().map_err(|e| StoreError(format!("{}: {e}", self.path(self.head).display())))?;
+        Ok(out)
+    }
+
+    fn damaged(&self, loc: Loc, why: String) -> StoreError {
+        StoreError(format!(
+            "{}: bad record at offset {}: {why}; refusing to start",
+            self.path(loc.seg).display(),
+            loc.off
+        ))
+    }
+
+    fn new_segment(&mut self, n: u32) -> io::Result<()> {
+        let path = self.path(n);
+        let mut file = OpenOptions::new().read(true).append(true).create_new(true).open(&path)?;
+        file.write_all(SEGMENT_MAGIC)?;
+        file.sync_all()?;
+        File::open(&self.dir)?.sync_all()?;
+        self.segs.insert(n, Segment { file, size: SEGMENT_MAGIC.len() as u64, live: 0 });
+        self.head = n;
+        Ok(())
+    }
+
+    /// Adds a record to the batch; returns where it will be.
+    fn put(&mut self, k: u8, body: &[u8]) -> Loc {
+        let size = self.segs.get(&self.head).map_or(0, |s| s.size);
+        let off = size + self.buf.len() as u64;
+        let len = record::frame(&mut self.buf, k, body) as u32;
+        Loc { seg: self.head, off, len }
+    }
+
+    /// Reads the record at `loc` (from the batch if not yet written).
+    fn read(&self, loc: Loc) -> Result<Vec<u8>, String> {
+        let seg = self.segs.get(&loc.seg).ok_or("segment gone")?;
+        let mut data = vec![0; loc.len as usize];
+        if loc.seg == self.head && loc.off >= seg.size {
+            let at = (loc.off - seg.size) as usize;
+            data.copy_from_slice(self.buf.get(at..at + loc.len as usize).ok_or("record beyond the batch")?);
+        } else {
+            seg.file.read_exact_at(&mut data, loc.off).map_err(|e| e.to_string())?;
+        }
+        Ok(data)
+    }
+
+    fn session_meta(&mut self, id: u64, body: &[u8]) {
+        let loc = self.put(kind::SESSION, body);
+        self.index.max_session = self.index.max_session.max(id);
+        let s = self.index.sessions.entry(id).or_default();
+        if let Some(old) = s.meta.replace(loc) {
+            live(&mut self.segs, old, false);
+        }
+        live(&mut self.segs, loc, true);
+    }
+
+    fn end_session(&mut self, id: u64) {
+        self.put(kind::END_SESSION, &id.to_le_bytes());
+        if let Some(s) = self.index.sessions.remove(&id) {
+            drop_session(&mut self.segs, s);
+        }
+    }
+
+    fn retain(&mut self, msg: &Message) {
+        let loc = self.put(kind::RETAIN, &record::retain(msg));
+        let old = if msg.payload.is_empty() {
+            self.index.retained.remove(&msg.topic)
+        } else {
+            live(&mut self.segs, loc, true);
+            self.index.retained.insert(msg.topic.clone(), loc)
+        };
+        if let Some(old) = old {
+            live(&mut self.segs, old, false);
+        }
+    }
+
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::Session(r) => self.session_meta(r.id, &record::session(&r)),
+            Op::EndSession(id) => self.end_session(id),
+            Op::Append { session, seq, delivery } => {
+                let loc = self.put(kind::APPEND, &record::append(session, seq, &delivery));
+                live(&mut self.segs, loc, true);
+                let s = self.index.sessions.entry(session).or_default();
+                s.max_seq = s.max_seq.max(seq);
+                s.msgs.insert(seq, Msg { loc, stage: Stage::Queued });
+            }
+            Op::Stage { session, seq, stage } => {
+                self.put(kind::STAGE, &record::stage(session, seq, stage));
+                if let Some(m) = self.index.sessions.get_mut(&session).and_then(|s| s.msgs.get_mut(&seq)) {
+                    m.stage = stage;
+                }
+            }
+            Op::Done { session, seq } => {
+                if let Some(m) = self.index.sessions.get_mut(&session).and_then(|s| s.msgs.remove(&seq)) {
+                    self.put(kind::DONE, &record::ids(session, seq));
+                    live(&mut self.segs, m.loc, false);
+                }
+            }
+            Op::IncomingQos2 { session, packet_id, pending } => {
+                let loc = self.put(kind::QOS2, &record::qos2(session, packet_id, pending));
+                let s = self.index.sessions.entry(session).or_default();
+                let old = if pending { s.qos2.insert(packet_id, loc) } else { s.qos2.remove(&packet_id) };
+                if pending {
+                    live(&mut self.segs, loc, true);
+                }
+                if let Some(old) = old {
+                    live(&mut self.segs, old, false);
+                }
+            }
+            Op::Retain(msg) => self.retain(&msg),
+            Op::Load { session, reply } => {
+                let _ = reply.send(self.load(session));
+            }
+        }
+    }
+
+    fn load(&self, session: u64) -> Result<Vec<Stored>, String> {
+        let Some(s) = self.index.sessions.get(&session) else { return Ok(Vec::new()) };
+        let mut out = Vec::with_capacity(s.msgs.len());
+        for m in s.msgs.values() {
+            let frame = self.read(m.loc)?;
+            let Some((kind::APPEND, body, _)) = record::unframe(&frame)? else {
+                return Err(format!(
+                    "{}: offset {}: not a delivery",
+                    self.path(m.loc.seg).display(),
+                    m.loc.off
+                ));
+            };
+            let (seq, delivery) = record::read_append(body)?;
+            out.push(Stored { seq, stage: m.stage, delivery });
+        }
+        Ok(out)
+    }
+
+    /// Writes the batch to the head segment.
+    fn write(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let seg = self.segs.get_mut(&self.head).ok_or_else(|| io::Error::other("no head segment"))?;
+        seg.file.write_all(&self.buf)?;
+        seg.size += self.buf.len() as u64;
+        self.buf.clear();
+        if self.buf.capacity() > MAX_BUFFER * 2 {
+            self.buf.shrink_to(MAX_BUFFER);
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        match self.segs.get(&self.head) {
+            Some(seg) => seg.file.sync_data(),
+            None => Ok(()),
+        }
+    }
+
+    /// After a batch: starts a new segment when the head is full, deletes dead segments from
+    /// the oldest on, and compacts the oldest one when most of it is dead.
+    fn maintain(&mut self) -> io::Result<()> {
+        let head_size = self.segs.get(&self.head).map_or(0, |s| s.size);
+        if head_size < SEGMENT_SIZE {
+            return Ok(());
+        }
+        self.sync()?;
+        self.new_segment(self.head + 1)?;
+        while let Some((&oldest, seg)) = self.segs.first_key_value() {
+            if oldest == self.head {
+                break;
+            }
+            if seg.live > 0 && seg.live * 4 > seg.size {
+                break;
+            }
+            if seg.live > 0 {
+                self.relocate(oldest)?;
+            }
+            self.segs.remove(&oldest);
+            fs::remove_file(self.path(oldest))?;
+        }
+        Ok(())
+    }
+
+    /// Copies the live records of segment `n` to the head (written and synced before `n` is
+    /// deleted).
+    fn relocate(&mut self, n: u32) -> io::Result<()> {
+        let bad = |e: String| io::Error::other(e);
+        let mut moves: Vec<Move> = Vec::new();
+        for (&id, s) in &self.index.sessions {
+            moves.extend(s.meta.filter(|l| l.seg == n).map(|l| (l, None)));
+            moves.extend(
+                s.msgs
+                    .iter()
+                    .filter(|(_, m)| m.loc.seg == n)
+                    .map(|(seq, m)| (m.loc, Some((id, *seq, m.stage)))),
+            );
+            moves.extend(s.qos2.values().filter(|l| l.seg == n).map(|l| (*l, None)));
+        }
+        moves.extend(self.index.retained.values().filter(|l| l.seg == n).map(|l| (*l, None)));
+        for (loc, msg) in moves {
+            let frame = self.read(loc).map_err(bad)?;
+            let Some((k, body, _)) = record::unframe(&frame).map_err(bad)? else { continue };
+            let body = body.to_vec();
+            let new = self.put(k, &body);
+            live(&mut self.segs, loc, false);
+            live(&mut self.segs, new, true);
+            if let Some((id, seq, stage)) = msg {
+                if stage != Stage::Queued {
+                    self.put(kind::STAGE, &record::stage(id, seq, stage));
+                }
+            }
+            self.relink(k, &body, loc, new).map_err(bad)?;
+        }
+        self.write()?;
+        self.sync()
+    }
+
+    /// Points the index entry of the record moved from `old` to `new`.
+    fn relink(&mut self, k: u8, body: &[u8], old: Loc, new: Loc) -> Result<(), String> {
+        let same = |l: &Loc| l.seg == old.seg && l.off == old.off;
+        match k {
+            kind::SESSION => {
+                let id = record::Reader(body).u64()?;
+                if let Some(s) = self.index.sessions.get_mut(&id) {
+                    s.meta = Some(new);
+                }
+            }
+            kind::APPEND => {
+                let (id, seq) = record::session_seq(body)?;
+                if let Some(m) = self.index.sessions.get_mut(&id).and_then(|s| s.msgs.get_mut(&seq)) {
+                    m.loc = new;
+                }
+            }
+            kind::QOS2 => {
+                let (id, packet_id, _) = record::read_qos2(body)?;
+                if let Some(l) = self.index.sessions.get_mut(&id).and_then(|s| s.qos2.get_mut(&packet_id)) {
+                    *l = new;
+                }
+            }
+            kind::RETAIN => {
+                if let Some(l) = self.index.retained.values_mut().find(|l| same(l)) {
+                    *l = new;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The writer loop: one batch per turn, fsynced per batch (sync) or every `interval`.
+    fn run(mut self, shared: &Shared, durable: &watch::Sender<Ticket>, sync: bool, interval: Duration) {
+        let mut last_sync = Instant::now();
+        let mut dirty = false;
+        loop {
+            let (ops, last, closed) = {
+                let mut p = shared.pending.lock();
+                while p.ops.is_empty() && !p.closed {
+                    if !dirty {
+                        shared.wake.wait(&mut p);
+                    } else if shared.wake.wait_until(&mut p, last_sync + interval).timed_out() {
+                        break;
+                    }
+                }
+                (std::mem::take(&mut p.ops), p.next, p.closed)
+            };
+            let mut result = Ok(());
+            for op in ops {
+                self.apply(op);
+                // A large batch (a fan-out to many sessions) goes out in pieces, so the buffer
+                // stays small.
+                if self.buf.len() >= MAX_BUFFER && result.is_ok() {
+                    result = self.write();
+                }
+            }
+            let result = result.and_then(|()| self.write()).and_then(|()| {
+                if sync || closed || last_sync.elapsed() >= interval {
+                    self.sync()?;
+                    last_sync = Instant::now();
+                    dirty = false;
+                } else {
+                    dirty = true;
+                }
+                self.maintain()
+            });
+            match result {
+                Ok(()) => {
+                    durable.send_replace(last);
+                }
+                // Acknowledgements waiting for this batch stay held: nothing is confirmed
+                // that is not on disk.
+                Err(e) => error!(dir = %self.dir.display(), "store write failed: {e}"),
+            }
+            if closed && shared.pending.lock().ops.is_empty() {
+                return;
+            }
+        }
+    }
+}
+
+/// True if `rest`, from a record that does not read back to the end of the last segment,
+/// looks like a write the crash cut short: the record runs past the end, the rest is zeros
+/// (space the file system allocated but never wrote), or the bad record is the very last one.
+/// Anything else is damage, and the store refuses to start rather than drop what follows.
+fn torn_tail(rest: &[u8]) -> bool {
+    if rest.len() < record::FRAME_HEADER || rest.iter().all(|b| *b == 0) {
+        return true;
+    }
+    let len = u32::from_le_bytes(rest[..4].try_into().unwrap_or_default()) as usize;
+    record::FRAME_HEADER + len >= rest.len()
+}
+
+/// A record to relocate, with session, sequence number and stage when it is a delivery.
+type Move = (Loc, Option<(u64, u64, Stage)>);
+
+/// Counts a record as live (or no longer) in its segment.
+fn live(segs: &mut BTreeMap<u32, Segment>, loc: Loc, on: bool) {
+    if let Some(seg) = segs.get_mut(&loc.seg) {
+        if on {
+            seg.live += u64::from(loc.len);
+        } else {
+            seg.live = seg.live.saturating_sub(u64::from(loc.len));
+        }
+    }
+}
+
+fn drop_session(segs: &mut BTreeMap<u32, Segment>, s: SessionIndex) {
+    for loc in s.meta.into_iter().chain(s.msgs.into_values().map(|m| m.loc)).chain(s.qos2.into_values()) {
+        live(segs, loc, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Delivery;
+    use crate::session::SubscriptionRecord;
+    use crate::store::SessionRecord;
+    use braid_proto::{Bytes, LastWill, QoS, SubscriptionOptions};
+
+    fn config(dir: &Path) -> StoreConfig {
+        StoreConfig { data_dir: dir.into(), ..Default::default() }
+    }
+
+    fn delivery(payload: &'static str) -> Delivery {
+        let msg =
+            Message::internal(ByteString::from_static("a/b"), Bytes::from_static(payload.as_bytes()), false);
+        Delivery { msg, qos: QoS::ExactlyOnce, retain: false, sub_id: Some(7), seq: 0 }
+    }
+
+    #[test]
+    fn reopened_store_has_sessions_deliveries_and_retained() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = DiskStore::open(&config(dir.path())).unwrap();
+            let will = LastWill {
+                topic: ByteString::from_static("w"),
+                payload: Bytes::from_static(b"bye"),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                properties: Default::default(),
+            };
+            let options = SubscriptionOptions { qos: QoS::ExactlyOnce, ..Default::default() };
+            store.submit(Op::Session(SessionRecord {
+                id: 3,
+                client_id: ByteString::from_static("c"),
+                expiry_secs: 60,
+                will: Some(will),
+                subscriptions: vec![(
+                    ByteString::from_static("a/#"),
+                    SubscriptionRecord { options, sub_id: Some(7) },
+                )],
+                offline_since: Some(5),
+            }));
+            for (seq, p) in [(1, "one"), (2, "two"), (3, "three")] {
+                store.submit(Op::Append { session: 3, seq, delivery: delivery(p) });
+            }
+            store.submit(Op::Stage { session: 3, seq: 2, stage: Stage::Released });
+            store.submit(Op::Done { session: 3, seq: 1 });
+            store.submit(Op::IncomingQos2 { session: 3, packet_id: 9, pending: true });
+            let retained = Message::internal(ByteString::from_static("r"), Bytes::from_static(b"kept"), true);
+            store.submit(Op::Retain(retained));
+            store.close();
+        }
+        let store = DiskStore::open(&config(dir.path())).unwrap();
+        let found = store.take_recovered();
+        assert_eq!(found.next_session_id, 4);
+        let s = &found.sessions[0];
+        assert_eq!((s.record.client_id.as_ref(), s.record.expiry_secs), ("c", 60));
+        assert_eq!(s.record.will.as_ref().map(|w| w.payload.clone()), Some(Bytes::from_static(b"bye")));
+        assert_eq!(s.record.subscriptions[0].1.sub_id, Some(7));
+        assert_eq!(s.queued.iter().map(|q| q.0).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!((s.next_seq, s.incoming_qos2.as_slice()), (4, &[9u16][..]));
+        assert_eq!(&found.retained[0].payload[..], b"kept");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        store.submit(Op::Load { session: 3, reply: tx });
+        let loaded = rx.blocking_recv().unwrap().unwrap();
+        let got: Vec<_> = loaded.iter().map(|s| (s.seq, s.stage, s.delivery.msg.payload.clone())).collect();
+        assert_eq!(
+            got,
+            [
+                (2, Stage::Released, Bytes::from_static(b"two")),
+                (3, Stage::Queued, Bytes::from_static(b"three"))
+            ]
+        );
+        assert_eq!((loaded[0].delivery.qos, loaded[0].delivery.sub_id), (QoS::ExactlyOnce, Some(7)));
+    }
+
+    #[test]
+    fn frame_header_is_length_and_crc() {
+        let mut out = Vec::new();
+        assert_eq!(record::frame(&mut out, kind::DONE, &[1, 2]), record::FRAME_HEADER + 3);
+        assert_eq!(
+            record::unframe(&out).unwrap().unwrap(),
+            (kind::DONE, &[1u8, 2][..], record::FRAME_HEADER + 3)
+        );
+        out[9] ^= 1;
+        assert!(record::unframe(&out).is_err());
+    }
+}

@@ -1,0 +1,313 @@
+//! The disk store's record format. A record is `[len u32][crc32 u32][kind u8][body]` (little
+//! endian; `len` counts kind and body, the CRC covers them). Messages, wills and subscriptions
+//! are stored as MQTT 5 packets, so the codec that reads them off the wire reads them back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use braid_proto::{
+    decode, encode, ByteString, BytesMut, Connect, Packet, Properties, ProtocolVersion, Publish, QoS,
+    Subscribe,
+};
+
+use super::{SessionRecord, Stage};
+use crate::message::{Delivery, Message};
+use crate::session::SubscriptionRecord;
+
+/// Bytes before a record's kind: length and CRC.
+pub const FRAME_HEADER: usize = 8;
+
+/// Record kinds.
+pub mod kind {
+    /// Session metadata.
+    pub const SESSION: u8 = 1;
+    /// Session ended.
+    pub const END_SESSION: u8 = 2;
+    /// Delivery queued.
+    pub const APPEND: u8 = 3;
+    /// Delivery stage changed.
+    pub const STAGE: u8 = 4;
+    /// Delivery finished.
+    pub const DONE: u8 = 5;
+    /// Inbound QoS 2 id received or released.
+    pub const QOS2: u8 = 6;
+    /// Retained message set or cleared.
+    pub const RETAIN: u8 = 7;
+}
+
+/// Appends one framed record to `out`; returns its length.
+pub fn frame(out: &mut Vec<u8>, kind: u8, body: &[u8]) -> usize {
+    let len = 1 + body.len();
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&[kind]);
+    crc.update(body);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(body);
+    FRAME_HEADER + len
+}
+
+/// A record read back: kind, body and total length on disk.
+pub type Frame<'a> = (u8, &'a [u8], usize);
+
+/// Splits the record at the start of `buf`: `Ok(Some((kind, body, total length)))`,
+/// `Ok(None)` at the end, `Err` for a truncated or damaged record.
+pub fn unframe(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    if buf.len() < FRAME_HEADER + 1 {
+        return Err(format!("truncated record header ({} bytes)", buf.len()));
+    }
+    let len = u32::from_le_bytes(buf[..4].try_into().unwrap_or_default()) as usize;
+    let crc = u32::from_le_bytes(buf[4..8].try_into().unwrap_or_default());
+    if len == 0 || buf.len() < FRAME_HEADER + len {
+        return Err(format!("truncated record (needs {len} bytes, {} left)", buf.len() - FRAME_HEADER));
+    }
+    let data = &buf[FRAME_HEADER..FRAME_HEADER + len];
+    if crc32fast::hash(data) != crc {
+        return Err("record checksum mismatch".into());
+    }
+    Ok(Some((data[0], &data[1..], FRAME_HEADER + len)))
+}
+
+/// Reads little-endian fields off a record body.
+pub struct Reader<'a>(pub &'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("record body too short".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    /// A u64.
+    pub fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
+    }
+    /// A u32.
+    pub fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
+    }
+    /// A u16.
+    pub fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap_or_default()))
+    }
+    /// A byte.
+    pub fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    /// A u32-length-prefixed blob.
+    fn blob(&mut self) -> Result<&'a [u8], String> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+}
+
+fn put_blob(out: &mut Vec<u8>, packet: &Packet) {
+    let mut buf = BytesMut::new();
+    // Packets built here from accepted state always encode.
+    let _ = encode(packet, ProtocolVersion::V5, &mut buf);
+    out.extend_from_slice(&(buf.len() as u32).to_le_bytes());
+    out.extend_from_slice(&buf);
+}
+
+fn get_packet(blob: &[u8]) -> Result<Packet, String> {
+    let mut buf = BytesMut::from(blob);
+    match decode(&mut buf, ProtocolVersion::V5, u32::MAX) {
+        Ok(Some(p)) => Ok(p),
+        Ok(None) => Err("incomplete packet in record".into()),
+        Err(e) => Err(format!("bad packet in record: {e}")),
+    }
+}
+
+/// Unix milliseconds of `at` (0 for none).
+fn unix_ms(at: Option<Instant>) -> u64 {
+    let Some(at) = at else { return 0 };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let left = at.saturating_duration_since(Instant::now());
+    (now + left).as_millis().max(1) as u64
+}
+
+/// The instant of unix milliseconds `ms` (0 for none); a past time is now.
+fn instant_of(ms: u64) -> Option<Instant> {
+    if ms == 0 {
+        return None;
+    }
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Some(Instant::now() + Duration::from_millis(ms).saturating_sub(now))
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+}
+
+fn message_packet(msg: &Message) -> Packet {
+    Packet::Publish(Publish {
+        dup: false,
+        qos: msg.qos,
+        retain: msg.retain,
+        topic: msg.topic.clone(),
+        packet_id: u16::from(msg.qos != QoS::AtMostOnce),
+        properties: msg.properties.clone(),
+        payload: msg.payload.clone(),
+    })
+}
+
+fn message_from(blob: &[u8], expires_ms: u64) -> Result<Arc<Message>, String> {
+    let Packet::Publish(p) = get_packet(blob)? else { return Err("record holds no PUBLISH".into()) };
+    Ok(Arc::new(Message {
+        topic: p.topic,
+        payload: p.payload,
+        qos: p.qos,
+        retain: p.retain,
+        properties: p.properties,
+        expires_at: instant_of(expires_ms),
+        origin: 0,
+        origin_client: ByteString::new(),
+    }))
+}
+
+/// Body of a SESSION record.
+pub fn session(r: &SessionRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&r.id.to_le_bytes());
+    out.extend_from_slice(&r.offline_since.unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&r.expiry_secs.to_le_bytes());
+    let connect = Connect {
+        protocol: ProtocolVersion::V5,
+        clean_start: false,
+        keep_alive: 0,
+        properties: Properties::default(),
+        client_id: r.client_id.clone(),
+        will: r.will.clone(),
+        username: None,
+        password: None,
+    };
+    put_blob(&mut out, &Packet::Connect(Box::new(connect)));
+    out.extend_from_slice(&(r.subscriptions.len() as u32).to_le_bytes());
+    for (filter, s) in &r.subscriptions {
+        let mut properties = Properties::default();
+        if let Some(id) = s.sub_id {
+            properties.subscription_identifiers.push(id);
+        }
+        let sub = Subscribe { packet_id: 1, properties, filters: vec![(filter.clone(), s.options)] };
+        put_blob(&mut out, &Packet::Subscribe(sub));
+    }
+    out
+}
+
+/// Reads a SESSION record body.
+pub fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
+    let mut r = Reader(body);
+    let id = r.u64()?;
+    let offline_since = Some(r.u64()?).filter(|t| *t != 0);
+    let expiry_secs = r.u32()?;
+    let Packet::Connect(c) = get_packet(r.blob()?)? else {
+        return Err("session record holds no CONNECT".into());
+    };
+    let n = r.u32()?;
+    let mut subscriptions = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let Packet::Subscribe(s) = get_packet(r.blob()?)? else {
+            return Err("session record holds no SUBSCRIBE".into());
+        };
+        let sub_id = s.properties.subscription_identifiers.first().copied();
+        for (filter, options) in s.filters {
+            subscriptions.push((filter, SubscriptionRecord { options, sub_id }));
+        }
+    }
+    Ok(SessionRecord { id, client_id: c.client_id, expiry_secs, will: c.will, subscriptions, offline_since })
+}
+
+/// Body of an APPEND record.
+pub fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + d.msg.topic.len() + d.msg.payload.len());
+    out.extend_from_slice(&session.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.push(d.qos as u8);
+    out.push(u8::from(d.retain));
+    out.extend_from_slice(&d.sub_id.unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&unix_ms(d.msg.expires_at).to_le_bytes());
+    put_blob(&mut out, &message_packet(&d.msg));
+    out
+}
+
+/// Session and sequence number at the start of an APPEND, STAGE or DONE body.
+pub fn session_seq(body: &[u8]) -> Result<(u64, u64), String> {
+    let mut r = Reader(body);
+    Ok((r.u64()?, r.u64()?))
+}
+
+/// Reads an APPEND record body.
+pub fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
+    let mut r = Reader(body);
+    let (_session, seq) = (r.u64()?, r.u64()?);
+    let qos = QoS::from_u8(r.u8()?).ok_or("bad QoS in record")?;
+    let retain = r.u8()? != 0;
+    let sub_id = Some(r.u32()?).filter(|id| *id != 0);
+    let expires = r.u64()?;
+    let msg = message_from(r.blob()?, expires)?;
+    Ok((seq, Delivery { msg, qos, retain, sub_id, seq }))
+}
+
+/// Body of a STAGE record.
+pub fn stage(session: u64, seq: u64, stage: Stage) -> Vec<u8> {
+    let mut out = ids(session, seq);
+    out.push(match stage {
+        Stage::Queued => 0,
+        Stage::Sent => 1,
+        Stage::Released => 2,
+    });
+    out
+}
+
+/// The stage in a STAGE record body.
+pub fn read_stage(body: &[u8]) -> Result<Stage, String> {
+    match body.get(16) {
+        Some(0) => Ok(Stage::Queued),
+        Some(1) => Ok(Stage::Sent),
+        Some(2) => Ok(Stage::Released),
+        _ => Err("bad stage record".into()),
+    }
+}
+
+/// Body of a DONE record (and the prefix of others): session and sequence number.
+pub fn ids(session: u64, seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(17);
+    out.extend_from_slice(&session.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out
+}
+
+/// Body of a QOS2 record.
+pub fn qos2(session: u64, packet_id: u16, pending: bool) -> Vec<u8> {
+    let mut out = session.to_le_bytes().to_vec();
+    out.extend_from_slice(&packet_id.to_le_bytes());
+    out.push(u8::from(pending));
+    out
+}
+
+/// Reads a QOS2 record body.
+pub fn read_qos2(body: &[u8]) -> Result<(u64, u16, bool), String> {
+    let mut r = Reader(body);
+    Ok((r.u64()?, r.u16()?, r.u8()? != 0))
+}
+
+/// Body of a RETAIN record.
+pub fn retain(msg: &Message) -> Vec<u8> {
+    let mut out = unix_ms(msg.expires_at).to_le_bytes().to_vec();
+    put_blob(&mut out, &message_packet(msg));
+    out
+}
+
+/// Reads a RETAIN record body.
+pub fn read_retain(body: &[u8]) -> Result<Arc<Message>, String> {
+    let mut r = Reader(body);
+    let expires = r.u64()?;
+    message_from(r.blob()?, expires)
+}
