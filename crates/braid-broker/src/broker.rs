@@ -72,12 +72,12 @@ pub struct Accepted {
     pub generation: u64,
     /// The connection's close signal.
     pub ctl: Arc<ConnControl>,
-    /// Keep alive in force, seconds (0 = none).
-    pub keep_alive: u16,
-    /// Deliveries of a persistent session being read back from disk: await them and hand
-    /// them to [`crate::session::SessionState::restore`] before transmitting.
-    pub restore: Option<Restore>,
 }
+
+/// What [`Broker::connect`] gives an accepted connection: its attachment, the CONNACK to send
+/// first and, for a persistent session, its deliveries being read back from disk (await them
+/// and hand them to [`crate::session::SessionState::restore`] before transmitting).
+pub type Connected = (Accepted, ConnAck, Option<Restore>);
 
 /// How a connection ended, for will and session handling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +193,7 @@ impl Broker {
     /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
     /// (closing a connection that holds it) and attaches this connection; returns it with the
     /// CONNACK to send first. `Err` carries the CONNACK reason to refuse with.
-    pub fn connect(self: &Arc<Self>, c: &Connect) -> Result<(Accepted, ConnAck), ReasonCode> {
+    pub fn connect(self: &Arc<Self>, c: &Connect) -> Result<Connected, ReasonCode> {
         let cfg = &self.config;
         let v5 = c.protocol.is_v5();
         let mut props = Properties::default();
@@ -305,7 +305,7 @@ impl Broker {
             ctl.close(ReasonCode::ServerShuttingDown);
         }
         let connack = ConnAck { session_present, reason: ReasonCode::Success, properties: props };
-        Ok((Accepted { session, generation, ctl, keep_alive, restore }, connack))
+        Ok((Accepted { session, generation, ctl }, connack, restore))
     }
 
     /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
@@ -471,7 +471,7 @@ impl Broker {
 
     fn deliver(&self, session: &Session, d: Delivery) -> (Enqueued, Ticket) {
         let r = session.deliver(d);
-        if matches!(r.0, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
+        if matches!(r.0, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
             Metrics::add(&self.metrics.messages_dropped, 1);
         }
         r

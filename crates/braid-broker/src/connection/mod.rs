@@ -133,7 +133,7 @@ where
             return None;
         }
     }
-    let (mut accepted, connack) = match broker.connect(&connect) {
+    let (accepted, connack, restore) = match broker.connect(&connect) {
         Ok(a) => a,
         Err(reason) => {
             info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {}", reason.description());
@@ -142,7 +142,7 @@ where
         }
     };
     drop(connect);
-    if let Some(restore) = accepted.restore.take() {
+    if let Some(restore) = restore {
         // A persistent session's deliveries waiting on disk come back before anything is sent.
         match restore.await {
             Ok(Ok(stored)) => accepted.session.lock().restore(accepted.generation, stored),

@@ -7,7 +7,9 @@ mod persist;
 mod queue;
 mod state;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use once_cell::race::OnceBox;
 
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
@@ -30,14 +32,15 @@ pub struct Session {
     /// Client identifier.
     pub client_id: ByteString,
     state: Mutex<SessionState>,
-    /// Publishers held back by this session wait here (made by the first one).
-    space: OnceLock<Box<Notify>>,
+    /// Publishers held back by this session wait here (made by the first one; one pointer in
+    /// every session).
+    space: OnceBox<Notify>,
 }
 
 impl Session {
     /// A new offline session.
     pub fn new(id: u64, client_id: ByteString, limits: Arc<QueueLimits>) -> Session {
-        Session { id, client_id, state: Mutex::new(SessionState::new(limits)), space: OnceLock::new() }
+        Session { id, client_id, state: Mutex::new(SessionState::new(limits)), space: OnceBox::new() }
     }
 
     /// Locks the state.
@@ -51,7 +54,7 @@ impl Session {
         let mut st = self.state.lock();
         let r = st.enqueue(d);
         if let Some(link) = &st.link {
-            if matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest) {
+            if matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest(_)) {
                 link.ctl.wake();
             }
         }
@@ -63,7 +66,7 @@ impl Session {
     pub async fn wait_for_space(&self) {
         loop {
             // A `Notified` sees every notify_waiters() from its creation on.
-            let notified = self.space.get_or_init(Default::default).notified();
+            let notified = self.space.get_or_init(Box::default).notified();
             if !self.lock().blocks_publishers() {
                 return;
             }

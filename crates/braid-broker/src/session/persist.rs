@@ -53,11 +53,10 @@ impl Persist {
             Some(disk) => {
                 let entry = OnDisk { seq: self.next_seq, size: d.size(), qos: d.qos };
                 let r = disk.push(entry, false);
-                let evicted = disk.take_evicted();
-                if matches!(r, Queued | QueuedOverLimit | QueuedDroppedOldest) {
+                if matches!(r, Queued | QueuedOverLimit | QueuedDroppedOldest(_)) {
                     self.append(&mut d);
                 }
-                (r, evicted)
+                (r, evicted(r))
             }
             None => {
                 self.append(&mut d);
@@ -66,7 +65,7 @@ impl Persist {
                 if matches!(r, DroppedFull | SkippedOffline) {
                     self.done(seq);
                 }
-                (r, queue.take_evicted())
+                (r, evicted(r))
             }
         };
         self.done(evicted);
@@ -121,5 +120,13 @@ impl Persist {
         let (reply, rx) = oneshot::channel();
         self.submit(Op::Load { session: self.id, reply });
         Some(rx)
+    }
+}
+
+/// The persisted delivery a push dropped to make room (0: none).
+fn evicted(r: super::Enqueued) -> u64 {
+    match r {
+        super::Enqueued::QueuedDroppedOldest(seq) => seq,
+        _ => 0,
     }
 }

@@ -44,8 +44,9 @@ pub enum Enqueued {
     Queued,
     /// Queued beyond the limit: the publisher must wait until the queue drains (backpressure).
     QueuedOverLimit,
-    /// Queued, and the oldest queued delivery was dropped to make room.
-    QueuedDroppedOldest,
+    /// Queued, and the oldest queued delivery was dropped to make room (the sequence number of
+    /// the dropped delivery if it was persisted, else 0).
+    QueuedDroppedOldest(u64),
     /// Not queued: the queue is full.
     DroppedFull,
     /// Not queued: QoS 0 for an offline session that does not queue QoS 0.
@@ -103,8 +104,6 @@ pub struct Queue<T = Delivery> {
     items: VecDeque<T>,
     bytes: usize,
     limits: Arc<QueueLimits>,
-    /// Sequence number of the persisted delivery the last push dropped to make room.
-    evicted: u64,
 }
 
 fn size<T: Item>(d: &T) -> usize {
@@ -114,7 +113,7 @@ fn size<T: Item>(d: &T) -> usize {
 impl<T: Item> Queue<T> {
     /// An empty queue.
     pub fn new(limits: Arc<QueueLimits>) -> Queue<T> {
-        Queue { items: VecDeque::new(), bytes: 0, limits, evicted: 0 }
+        Queue { items: VecDeque::new(), bytes: 0, limits }
     }
 
     /// The limits.
@@ -142,9 +141,8 @@ impl<T: Item> Queue<T> {
             OverflowPolicy::Backpressure | OverflowPolicy::DropNewest => Enqueued::DroppedFull,
             OverflowPolicy::DropOldest => match self.pop() {
                 Some(old) => {
-                    self.evicted = old.seq();
                     self.push_back(d);
-                    Enqueued::QueuedDroppedOldest
+                    Enqueued::QueuedDroppedOldest(old.seq())
                 }
                 None => Enqueued::DroppedFull,
             },
@@ -162,11 +160,6 @@ impl<T: Item> Queue<T> {
         self.bytes += items.iter().map(size).sum::<usize>();
         let rest = std::mem::take(&mut self.items);
         self.items = items.into_iter().chain(rest).collect();
-    }
-
-    /// Sequence number (once) of the persisted delivery the last push dropped (0 if none).
-    pub fn take_evicted(&mut self) -> u64 {
-        std::mem::take(&mut self.evicted)
     }
 
     /// Takes every item out.

@@ -178,7 +178,7 @@ impl SessionState {
             }
             _ => self.queue.push(d, online),
         };
-        if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest) {
+        if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
             self.dropped += 1;
         }
         r
