@@ -147,6 +147,24 @@ def test_client_certificate_required(tls_broker, pki):
     wait_until(lambda: "username=alice" in b.log_text(), message="the CN in the broker log")
 
 
+def test_client_certificate_name_is_the_identity_for_authentication_and_acl(tls_broker, pki, tmp_path):
+    """With anonymous access off, a client whose certificate says CN=alice is alice: accepted
+    without credentials, and the ACL rules for user alice apply to it."""
+    rules = tmp_path / "acl"
+    rules.write_text("allow user:alice both alice/#\n")
+    b = tls_broker(tls__client_auth="require", tls__client_ca=pki.path("clients.pem"),
+                   tls__use_cn_as_username=True, auth__allow_anonymous=False, **{"acl__file": str(rules)})
+    # Plain TCP without credentials is refused: anonymous access is off.
+    with pytest.raises(AssertionError):
+        helpers.connect_client(b)
+    c = paho(b.tls_port, ca=pki.path("ca.pem"), cert=pki.path("alice.pem"), key=pki.path("alice.key"))
+    try:
+        assert c.subscribe([("alice/#", 1), ("bob/#", 1)]) == [1, 128]
+        round_trip(c, c, "alice/" + unique("t"))
+    finally:
+        c.close()
+
+
 def test_client_certificate_optional_and_san_as_username(tls_broker, pki):
     b = tls_broker(tls__client_auth="optional", tls__client_ca=pki.path("clients.pem"),
                    tls__use_cn_as_username=True)
