@@ -17,7 +17,7 @@ use braid_proto::{
 
 use crate::config::Config;
 use crate::control::ConnControl;
-use crate::message::{Delivery, Message};
+use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::retained::Retained;
 use crate::router::{Router, SubEntry};
@@ -216,6 +216,18 @@ impl Broker {
     /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
     /// caller writes before it transmits the session's queue.
     pub fn subscribe(&self, session: &Arc<Session>, version: ProtocolVersion, sub: Subscribe) -> SubAck {
+        self.subscribe_on(session, version, sub, StreamTag::default())
+    }
+
+    /// [`Broker::subscribe`] made on `stream`: deliveries for these subscriptions (and the
+    /// retained messages they bring) go out on that stream while it is open.
+    pub fn subscribe_on(
+        &self,
+        session: &Arc<Session>,
+        version: ProtocolVersion,
+        sub: Subscribe,
+        stream: StreamTag,
+    ) -> SubAck {
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
         let mut retained_for = Vec::new();
@@ -225,8 +237,8 @@ impl Broker {
                 continue;
             };
             options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
-            let entry =
-                SubEntry { session: session.clone(), options, sub_id, merge_overlaps: !version.is_v5() };
+            let merge_overlaps = !version.is_v5();
+            let entry = SubEntry { session: session.clone(), options, sub_id, merge_overlaps, stream };
             let is_new = self.router.write().subscribe(inner, group, entry);
             session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
@@ -248,7 +260,7 @@ impl Broker {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id });
+                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id, stream });
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
@@ -303,6 +315,7 @@ impl Broker {
                 qos: msg.qos.min(e.options.qos),
                 retain: msg.retain && e.options.retain_as_published,
                 sub_id: e.sub_id,
+                stream: e.stream,
             };
             // A client is never held back by its own subscription.
             if self.deliver(&e.session, d) == Enqueued::QueuedOverLimit && e.session.id != msg.origin {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod connection;
 pub mod control;
 pub mod message;
+pub mod quic;
 pub mod metrics;
 pub mod retained;
 pub mod router;

@@ -14,7 +14,7 @@ use braid_proto::ReasonCode;
 
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::{connection, sys};
+use crate::{connection, quic, sys};
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
 /// Dropping it shuts the broker down.
@@ -22,6 +22,8 @@ use crate::{connection, sys};
 pub struct Running {
     /// Where the MQTT/TCP listener is bound.
     pub addr: SocketAddr,
+    /// Where the MQTT over QUIC listener is bound (UDP), if `quic.enabled`.
+    pub quic_addr: Option<SocketAddr>,
     /// The shared broker state (config, metrics, shutdown token).
     pub broker: Arc<Broker>,
     task: Option<JoinHandle<()>>,
@@ -47,6 +49,7 @@ impl Drop for Running {
 pub struct Server {
     broker: Arc<Broker>,
     tcp: TcpListener,
+    quic: Option<quinn::Endpoint>,
 }
 
 impl Server {
@@ -56,20 +59,26 @@ impl Server {
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
-        Ok(Server { broker: Broker::new(config), tcp })
+        let quic = if config.quic.enabled { Some(quic::bind(&config)?) } else { None };
+        Ok(Server { broker: Broker::new(config), tcp, quic })
     }
 
     /// Binds `config` and runs the server in a task of the current runtime.
     pub async fn spawn(config: Config) -> io::Result<Running> {
         let server = Server::bind(config).await?;
-        let (addr, broker) = (server.local_addr(), server.broker().clone());
+        let (addr, quic_addr, broker) = (server.local_addr(), server.quic_addr(), server.broker().clone());
         let task = tokio::spawn(server.run());
-        Ok(Running { addr, broker, task: Some(task) })
+        Ok(Running { addr, quic_addr, broker, task: Some(task) })
     }
 
     /// The address the MQTT/TCP listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.tcp.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The UDP address the MQTT over QUIC listener is bound to, if enabled.
+    pub fn quic_addr(&self) -> Option<SocketAddr> {
+        self.quic.as_ref().and_then(|e| e.local_addr().ok())
     }
 
     /// The shared broker state.
@@ -85,6 +94,9 @@ impl Server {
         tokio::spawn(sweep_keep_alive(self.broker.clone()));
         let shutdown = self.broker.shutdown.clone();
         let connections = TaskTracker::new();
+        if let Some(endpoint) = &self.quic {
+            tokio::spawn(quic::accept(endpoint.clone(), self.broker.clone(), connections.clone()));
+        }
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -107,6 +119,10 @@ impl Server {
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;
+        if let Some(endpoint) = &self.quic {
+            endpoint.close(0u32.into(), b"shutting down");
+            let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+        }
     }
 }
 

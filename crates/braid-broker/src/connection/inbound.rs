@@ -1,7 +1,7 @@
 //! What the broker does with each packet a connected client sends.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use braid_proto::{
 };
 
 use crate::broker::{Broker, Ending};
-use crate::message::Message;
+use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::session::Session;
 
@@ -36,12 +36,37 @@ pub struct Inbound<'a> {
     transmit: bool,
     /// The acknowledgement of the last PUBLISH, while full subscriber queues hold it back.
     held: Option<Box<Held>>,
+    /// The stream this state reads (QUIC); subscriptions made here deliver on it.
+    stream: StreamTag,
+    /// Inbound QoS 2 ids of a QUIC data stream, whose packet ids are its own; `None` uses the
+    /// session's set, which outlives the connection.
+    stream_qos2: Option<Box<HashSet<u16>>>,
 }
 
 impl<'a> Inbound<'a> {
     /// State for a connection that has just been accepted.
     pub fn new(broker: &'a Arc<Broker>, session: &'a Arc<Session>, version: ProtocolVersion) -> Self {
-        Inbound { broker, session, version, aliases: HashMap::new(), transmit: false, held: None }
+        Inbound {
+            broker,
+            session,
+            version,
+            aliases: HashMap::new(),
+            transmit: false,
+            held: None,
+            stream: StreamTag::default(),
+            stream_qos2: None,
+        }
+    }
+
+    /// State for a QUIC data stream `stream`: its packet ids (and so its unreleased QoS 2 ids)
+    /// and its topic aliases are its own, and its subscriptions deliver on it.
+    pub fn for_stream(
+        broker: &'a Arc<Broker>,
+        session: &'a Arc<Session>,
+        version: ProtocolVersion,
+        stream: StreamTag,
+    ) -> Self {
+        Inbound { stream, stream_qos2: Some(Box::default()), ..Inbound::new(broker, session, version) }
     }
 
     /// True (once) if the session may have deliveries to send since the last call.
@@ -66,13 +91,16 @@ impl<'a> Inbound<'a> {
                 None
             }
             Packet::PubRel(a) => {
-                let known = self.session.lock().incoming_qos2.remove(&a.packet_id);
+                let known = match self.stream_qos2.as_mut() {
+                    Some(ids) => ids.remove(&a.packet_id),
+                    None => self.session.lock().incoming_qos2.remove(&a.packet_id),
+                };
                 let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
                 Some(Packet::PubComp(Ack::with_reason(a.packet_id, reason)))
             }
             Packet::Subscribe(s) => {
                 self.transmit = true;
-                Some(Packet::SubAck(self.broker.subscribe(self.session, self.version, s)))
+                Some(Packet::SubAck(self.broker.subscribe_on(self.session, self.version, s, self.stream)))
             }
             Packet::Unsubscribe(u) => {
                 Some(Packet::UnsubAck(self.broker.unsubscribe(self.session, self.version, u)))
@@ -163,16 +191,20 @@ impl<'a> Inbound<'a> {
             QoS::AtLeastOnce => Packet::PubAck(Ack::new(id)),
             QoS::ExactlyOnce => {
                 let first = {
-                    let mut st = self.session.lock();
-                    if st.incoming_qos2.contains(&id) {
+                    let mut session = None;
+                    let ids = match self.stream_qos2.as_deref_mut() {
+                        Some(ids) => ids,
+                        None => &mut session.insert(self.session.lock()).incoming_qos2,
+                    };
+                    if ids.contains(&id) {
                         false
-                    } else if st.incoming_qos2.len() >= usize::from(cfg.receive_maximum) {
+                    } else if ids.len() >= usize::from(cfg.receive_maximum) {
                         return close(
                             ReasonCode::ReceiveMaximumExceeded,
                             "more unreleased QoS 2 messages than Receive Maximum",
                         );
                     } else {
-                        st.incoming_qos2.insert(id)
+                        ids.insert(id)
                     }
                 };
                 let ack = Packet::PubRec(Ack::new(id));

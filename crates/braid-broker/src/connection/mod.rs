@@ -2,7 +2,7 @@
 //! reads and handles inbound packets and writes replies and deliveries, so a client's PUBACK
 //! goes out with the deliveries of the same turn and nothing waits for a second task.
 
-mod inbound;
+pub(crate) mod inbound;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use braid_proto::{
 use crate::broker::{Accepted, Broker, Ending};
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
+use crate::session::{Session, SessionState, Transmit};
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
 
@@ -133,13 +134,15 @@ async fn release_if_held(held: bool, inbound: &mut Inbound<'_>) -> Packet {
     }
 }
 
-enum FirstPacket {
+/// Why no CONNECT came first.
+pub(crate) enum FirstPacket {
     Eof,
     Close(String),
     Refuse(String),
 }
 
-async fn read_connect<R: AsyncRead + Unpin>(
+/// Reads until the first packet, which must be a CONNECT.
+pub(crate) async fn read_connect<R: AsyncRead + Unpin>(
     rd: &mut R,
     rbuf: &mut ReadBuffer,
     broker: &Broker,
@@ -165,7 +168,7 @@ async fn read_connect<R: AsyncRead + Unpin>(
 }
 
 /// Writes a refusing CONNACK and closes.
-async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
+pub(crate) async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
     let mut buf = BytesMut::new();
     let properties = Properties::from(braid_proto::PropertyValues {
         reason_string: Some(reason.description().into()),
@@ -186,6 +189,39 @@ async fn write_and_close<W: AsyncWrite + Unpin>(wr: &mut W, last: &[u8]) {
         wr.shutdown().await
     })
     .await;
+}
+
+/// How a connection the broker closes with `reason` ends, for will and session handling.
+pub(crate) fn ending_for(reason: ReasonCode) -> Ending {
+    match reason {
+        ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
+        _ => Ending::WithWill,
+    }
+}
+
+/// Lets the session attached as `generation` encode what it has ready (`poll`), counts what
+/// was sent and dropped, and lets publishers go on once its queue has drained. True if more is
+/// ready than fitted.
+pub(crate) fn transmit(
+    broker: &Broker,
+    session: &Session,
+    generation: u64,
+    poll: impl FnOnce(&mut SessionState) -> Transmit,
+) -> bool {
+    let (t, drained) = {
+        let mut st = session.lock();
+        if !st.is_attached(generation) {
+            return false;
+        }
+        let t = poll(&mut *st);
+        (t, st.take_drained())
+    };
+    if drained {
+        session.release_publishers();
+    }
+    Metrics::add(&broker.metrics.messages_sent, t.published);
+    Metrics::add(&broker.metrics.messages_dropped, t.dropped);
+    t.more
 }
 
 /// An accepted connection.
@@ -267,10 +303,7 @@ impl Connection<'_> {
                     if reason == ReasonCode::KeepAliveTimeout {
                         info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
                     }
-                    return match reason {
-                        ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
-                        _ => Ending::WithWill,
-                    };
+                    return ending_for(reason);
                 }
                 Event::Woken => transmit = true,
                 Event::Wrote(Ok(n)) if n > 0 => {
@@ -299,22 +332,10 @@ impl Connection<'_> {
 
     /// Encodes what the session has ready; true if more is ready than fitted.
     fn poll_transmit(&mut self) -> bool {
-        let t = {
-            let mut st = self.a.session.lock();
-            if !st.is_attached(self.a.generation) {
-                return false;
-            }
-            let t = st.poll_transmit(Instant::now(), &mut self.out, WRITE_BUDGET);
-            (t, st.take_drained())
-        };
-        let (t, drained) = t;
-        if drained {
-            self.a.session.release_publishers();
-        }
-        let m = &self.broker.metrics;
-        Metrics::add(&m.messages_sent, t.published);
-        Metrics::add(&m.messages_dropped, t.dropped);
-        t.more
+        let out = &mut self.out;
+        transmit(self.broker, &self.a.session, self.a.generation, |st| {
+            st.poll_transmit(Instant::now(), out, WRITE_BUDGET)
+        })
     }
 
     /// Sends the closing DISCONNECT (v5, when the broker closes with an error reason) after

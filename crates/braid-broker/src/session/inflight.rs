@@ -167,6 +167,7 @@ mod tests {
             qos: QoS::AtLeastOnce,
             retain: false,
             sub_id: None,
+            stream: Default::default(),
         }
     }
 

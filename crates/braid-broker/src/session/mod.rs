@@ -13,7 +13,7 @@ use braid_proto::ByteString;
 
 pub use alias::OutboundAliases;
 pub use queue::{Enqueued, QueueLimits};
-pub use state::{Link, SessionState, SubscriptionRecord, Transmit};
+pub use state::{Link, Outbox, SessionState, SubscriptionRecord, Transmit};
 
 use crate::message::Delivery;
 

@@ -120,6 +120,23 @@ impl Queue {
         self.items.front()
     }
 
+    /// Index of the oldest delivery that satisfies `pred`.
+    pub fn position(&self, pred: impl FnMut(&Delivery) -> bool) -> Option<usize> {
+        self.items.iter().position(pred)
+    }
+
+    /// The delivery at `index` (0 is the oldest).
+    pub fn get(&self, index: usize) -> Option<&Delivery> {
+        self.items.get(index)
+    }
+
+    /// Removes the delivery at `index` (0 is the oldest).
+    pub fn remove(&mut self, index: usize) -> Option<Delivery> {
+        let d = self.items.remove(index)?;
+        self.bytes -= size(&d);
+        Some(d)
+    }
+
     /// Removes the oldest delivery.
     pub fn pop(&mut self) -> Option<Delivery> {
         let d = self.items.pop_front()?;
@@ -164,7 +181,7 @@ mod tests {
 
     fn d(qos: QoS, payload: usize) -> Delivery {
         let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
-        Delivery { msg, qos, retain: false, sub_id: None }
+        Delivery { msg, qos, retain: false, sub_id: None, stream: Default::default() }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::alias::{AliasUse, OutboundAliases};
 use super::inflight::{Inflight, Stage};
 use super::queue::{Enqueued, Queue, QueueLimits};
 use crate::control::ConnControl;
-use crate::message::Delivery;
+use crate::message::{Delivery, StreamTag};
 
 /// A subscription as the session remembers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +67,38 @@ pub struct Transmit {
     pub dropped: u64,
     /// More is ready but the byte budget was reached: call again after writing.
     pub more: bool,
+}
+
+/// Where [`SessionState::poll_transmit_to`] encodes deliveries: one buffer for a TCP
+/// connection, one per stream for QUIC multi-stream, so that a full stream does not hold back
+/// deliveries for the others.
+pub trait Outbox {
+    /// True if the buffer for deliveries tagged `stream` has room now.
+    fn has_room(&self, stream: StreamTag) -> bool;
+    /// The buffer for deliveries tagged `stream`.
+    fn buffer(&mut self, stream: StreamTag) -> &mut BytesMut;
+    /// True when no buffer has room: nothing more can be encoded now.
+    fn is_full(&self) -> bool;
+}
+
+/// One buffer for every delivery, full at `budget` bytes.
+struct SingleBuffer<'a> {
+    buf: &'a mut BytesMut,
+    budget: usize,
+}
+
+impl Outbox for SingleBuffer<'_> {
+    fn has_room(&self, _: StreamTag) -> bool {
+        !self.is_full()
+    }
+
+    fn buffer(&mut self, _: StreamTag) -> &mut BytesMut {
+        self.buf
+    }
+
+    fn is_full(&self) -> bool {
+        self.buf.len() >= self.budget
+    }
 }
 
 /// All state of one session.
@@ -205,6 +237,12 @@ impl SessionState {
     /// `budget` bytes: resends of unacknowledged deliveries (DUP) first, then queued
     /// deliveries while the in-flight window has room.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut BytesMut, budget: usize) -> Transmit {
+        self.poll_transmit_to(now, &mut SingleBuffer { buf, budget })
+    }
+
+    /// [`SessionState::poll_transmit`] into the buffer of each delivery's stream: a delivery
+    /// whose stream has no room is passed over for later ones whose stream has room.
+    pub fn poll_transmit_to(&mut self, now: Instant, out: &mut impl Outbox) -> Transmit {
         let mut t = Transmit::default();
         let Some(link) = self.link.as_mut() else {
             return t;
@@ -212,11 +250,12 @@ impl SessionState {
         let version = link.version;
         // Resends count against the window of the new connection, which may be smaller.
         while self.inflight.sent() < link.window {
-            if buf.len() >= budget {
+            if out.is_full() {
                 t.more = true;
                 break;
             }
             let Some(e) = self.inflight.next_unsent() else { break };
+            let buf = out.buffer(e.delivery.stream);
             let p = match e.stage {
                 Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
                     Some(p) => Packet::Publish(p),
@@ -232,15 +271,17 @@ impl SessionState {
             };
             let _ = encode(&p, version, buf);
         }
-        while let (false, Some(front)) = (t.more, self.queue.front()) {
-            if buf.len() >= budget {
+        while !t.more && !self.queue.is_empty() {
+            // The oldest delivery whose stream has room (with one buffer: the front, if any).
+            let Some(i) = self.queue.position(|d| out.has_room(d.stream)) else {
                 t.more = true;
                 break;
-            }
-            if front.qos != QoS::AtMostOnce && self.inflight.len() >= link.window {
+            };
+            let window_full = self.inflight.len() >= link.window;
+            if window_full && self.queue.get(i).is_some_and(|d| d.qos != QoS::AtMostOnce) {
                 break;
             }
-            let Some(d) = self.queue.pop() else { break };
+            let Some(d) = self.queue.remove(i) else { break };
             if d.msg.is_expired(now) {
                 t.dropped += 1;
                 continue;
@@ -249,7 +290,9 @@ impl SessionState {
                 t.dropped += 1;
                 continue;
             };
-            if d.qos != QoS::AtMostOnce {
+            let buf = out.buffer(d.stream);
+            let qos = d.qos;
+            if qos != QoS::AtMostOnce {
                 p.packet_id = self.inflight.push(d);
             }
             let _ = encode(&Packet::Publish(p), version, buf);
@@ -334,6 +377,7 @@ mod tests {
             qos,
             retain: false,
             sub_id: None,
+            stream: Default::default(),
         }
     }
 
@@ -433,7 +477,7 @@ mod tests {
         props.message_expiry_interval = Some(1);
         let dead = Message::from_publish(make(props), now, 1, ByteString::new());
         for msg in [dead, live] {
-            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None });
+            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None, stream: Default::default() });
         }
         let later = now + std::time::Duration::from_secs(4);
         let sent = transmit(&mut st, later);
