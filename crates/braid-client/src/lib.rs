@@ -59,6 +59,7 @@ mod inbound;
 mod inflight;
 mod message;
 mod options;
+mod quic;
 
 mod transport;
 
@@ -69,4 +70,4 @@ pub use braid_proto::{
 pub use client::{Client, PublishHandle};
 pub use error::Error;
 pub use message::{Connected, Event, Message};
-pub use options::{ClientOptions, Reconnect, Transport, Will};
+pub use options::{ClientOptions, QuicOptions, Reconnect, Transport, Will};

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use braid_proto::{Bytes, Properties, ProtocolVersion, QoS};
 
+pub use crate::quic::QuicOptions;
+
 /// The network transport. An enum so that TLS, WebSocket and QUIC can be added later without
 /// changing callers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -11,6 +13,9 @@ pub enum Transport {
     /// MQTT over plain TCP.
     #[default]
     Tcp,
+    /// MQTT over QUIC: the connection's first stream is the control stream;
+    /// [`crate::Client::open_stream`] opens data streams.
+    Quic(QuicOptions),
 }
 
 /// The will message the server publishes if the connection ends without a normal DISCONNECT.
