@@ -84,6 +84,15 @@ pub struct CommonArgs {
     /// Tokio worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// MQTT over QUIC (Braid and EMQX listen on UDP 14567: add -p 14567).
+    #[arg(long)]
+    pub quic: bool,
+    /// QUIC: do not verify the broker's certificate (self-signed test brokers).
+    #[arg(long)]
+    pub insecure: bool,
+    /// QUIC: PEM file of CA certificates to verify the broker with (default: system roots).
+    #[arg(long, value_name = "FILE")]
+    pub cafile: Option<PathBuf>,
 }
 
 /// `braid bench conn`

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use braid_client::{Client, ClientOptions, ProtocolVersion, ReasonCode};
+use braid_client::{Client, ClientOptions, ProtocolVersion, QuicOptions, ReasonCode, Transport};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -51,6 +51,13 @@ pub fn options(
     o.password = common.password.clone().map(|p| p.into_bytes().into());
     o.receive_maximum = receive_maximum;
     o.max_inflight = max_inflight;
+    if common.quic {
+        o.transport = Transport::Quic(QuicOptions {
+            insecure: common.insecure,
+            ca_file: common.cafile.clone(),
+            server_name: None,
+        });
+    }
     o
 }
 

@@ -12,7 +12,8 @@ use clap::ArgAction;
 use tracing_subscriber::EnvFilter;
 
 use braid_client::{
-    Bytes, ClientOptions, Error, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
+    Bytes, ClientOptions, Error, Properties, ProtocolVersion, QoS, QuicOptions, ReasonCode, RetainHandling,
+    Transport, Will,
 };
 
 /// Exit status for connection, refusal and protocol errors.
@@ -76,6 +77,15 @@ pub struct ConnArgs {
     /// Print debug messages (connection events) on stderr.
     #[arg(short = 'd', long = "debug")]
     pub debug: bool,
+    /// MQTT over QUIC (Braid listens on UDP 14567: add -p 14567).
+    #[arg(long = "quic")]
+    pub quic: bool,
+    /// QUIC: do not verify the broker's certificate (self-signed test brokers).
+    #[arg(long = "insecure")]
+    pub insecure: bool,
+    /// QUIC: PEM file of CA certificates to verify the broker with (default: system roots).
+    #[arg(long = "cafile", value_name = "FILE")]
+    pub cafile: Option<std::path::PathBuf>,
     /// Print help.
     #[arg(long = "help", action = ArgAction::Help)]
     pub help: Option<bool>,
@@ -155,6 +165,10 @@ impl ConnArgs {
                 retain: self.will_retain,
                 properties: props.will.clone(),
             });
+        }
+        if self.quic {
+            let q = QuicOptions { insecure: self.insecure, ca_file: self.cafile.clone(), server_name: None };
+            o.transport = Transport::Quic(q);
         }
         Ok(o)
     }
