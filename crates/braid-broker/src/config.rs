@@ -41,7 +41,10 @@ pub struct Listeners {
 
 impl Default for Listeners {
     fn default() -> Self {
-        Listeners { tcp: SocketAddr::from(([0, 0, 0, 0], 1883)), quic: SocketAddr::from(([0, 0, 0, 0], 14567)) }
+        Listeners {
+            tcp: SocketAddr::from(([0, 0, 0, 0], 1883)),
+            quic: SocketAddr::from(([0, 0, 0, 0], 14567)),
+        }
     }
 }
 
@@ -294,7 +297,10 @@ impl Config {
             return bad("session.max_queued_messages", "queue limits must be at least 1");
         }
         if self.quic.cert_file.is_empty() != self.quic.key_file.is_empty() {
-            return bad("quic.cert_file", "quic.cert_file and quic.key_file go together: set both or neither");
+            return bad(
+                "quic.cert_file",
+                "quic.cert_file and quic.key_file go together: set both or neither",
+            );
         }
         if self.quic.idle_timeout_secs == 0 {
             return bad("quic.idle_timeout_secs", "must be at least 1");

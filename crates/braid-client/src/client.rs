@@ -65,7 +65,12 @@ impl Client {
     }
 
     /// Runs the connection task for `link`, which has received `ack`.
-    fn start(opts: ClientOptions, ack: &ConnAck, link: Link, stream: Option<(u64, i32)>) -> (Client, Connected) {
+    fn start(
+        opts: ClientOptions,
+        ack: &ConnAck,
+        link: Link,
+        stream: Option<(u64, i32)>,
+    ) -> (Client, Connected) {
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_CAPACITY);
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
@@ -94,7 +99,9 @@ impl Client {
     /// [`Error::Protocol`] on a TCP client or a data stream; [`Error::Closed`] while offline.
     pub async fn open_stream(&self, priority: i32) -> Result<Client, Error> {
         if self.inner.stream.is_some() {
-            return Err(Error::Protocol("open data streams from the connection's client, not a stream".into()));
+            return Err(Error::Protocol(
+                "open data streams from the connection's client, not a stream".into(),
+            ));
         }
         let shared = &self.inner.shared;
         let quic = shared.quic.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -106,7 +113,12 @@ impl Client {
         let mut opts = self.inner.opts.clone();
         opts.keep_alive = 0;
         opts.reconnect = None;
-        let link = Link { rd: ReadHalf::Quic(recv), wr: WriteHalf::Quic(send), rbuf: ReadBuffer::default(), quic: None };
+        let link = Link {
+            rd: ReadHalf::Quic(recv),
+            wr: WriteHalf::Quic(send),
+            rbuf: ReadBuffer::default(),
+            quic: None,
+        };
         Ok(Client::start(opts, &ack, link, Some((index, priority))).0)
     }
 

@@ -92,7 +92,10 @@ fn client_config(q: &QuicOptions) -> io::Result<quinn::ClientConfig> {
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(io::Error::other)?;
     let mut tls = if q.insecure {
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider))).with_no_client_auth()
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            .with_no_client_auth()
     } else {
         builder.with_root_certificates(roots(q)?).with_no_client_auth()
     };
@@ -111,9 +114,10 @@ fn roots(q: &QuicOptions) -> io::Result<RootCertStore> {
     let mut roots = RootCertStore::empty();
     match &q.ca_file {
         Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .and_then(|c| c.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {e}", path.display())))?;
+            let certs =
+                CertificateDer::pem_file_iter(path).and_then(|c| c.collect::<Result<Vec<_>, _>>()).map_err(
+                    |e| io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {e}", path.display())),
+                )?;
             let (added, _) = roots.add_parsable_certificates(certs);
             if added == 0 {
                 let msg = format!("{}: no usable CA certificate", path.display());

@@ -114,11 +114,21 @@ async fn connected(conn: &quinn::Connection, client_id: &str, keep_alive: u16) -
 
 fn subscribe_packet(id: u16, filter: &str, qos: QoS) -> Packet {
     let options = SubscriptionOptions { qos, ..Default::default() };
-    Packet::Subscribe(Subscribe { packet_id: id, properties: Properties::default(), filters: vec![(filter.into(), options)] })
+    Packet::Subscribe(Subscribe {
+        packet_id: id,
+        properties: Properties::default(),
+        filters: vec![(filter.into(), options)],
+    })
 }
 
 fn publish_packet(id: u16, topic: &str, qos: QoS, payload: Vec<u8>) -> Packet {
-    Packet::Publish(Publish { qos, topic: topic.into(), packet_id: id, payload: payload.into(), ..Default::default() })
+    Packet::Publish(Publish {
+        qos,
+        topic: topic.into(),
+        packet_id: id,
+        payload: payload.into(),
+        ..Default::default()
+    })
 }
 
 #[tokio::test]
@@ -151,11 +161,15 @@ async fn packet_ids_are_per_stream() {
     a.send(publish_packet(7, "ids", QoS::ExactlyOnce, b"from a".to_vec())).await;
     c.send(publish_packet(7, "ids", QoS::ExactlyOnce, b"from c".to_vec())).await;
     for s in [&mut a, &mut c] {
-        assert!(matches!(s.expect().await, Packet::PubRec(r) if r.packet_id == 7 && r.reason == ReasonCode::Success));
+        assert!(
+            matches!(s.expect().await, Packet::PubRec(r) if r.packet_id == 7 && r.reason == ReasonCode::Success)
+        );
     }
     for s in [&mut a, &mut c] {
         s.send(Packet::PubRel(Ack::new(7))).await;
-        assert!(matches!(s.expect().await, Packet::PubComp(r) if r.packet_id == 7 && r.reason == ReasonCode::Success));
+        assert!(
+            matches!(s.expect().await, Packet::PubComp(r) if r.packet_id == 7 && r.reason == ReasonCode::Success)
+        );
     }
     let mut got = vec![next_message(&tcp).await.payload, next_message(&tcp).await.payload];
     got.sort();

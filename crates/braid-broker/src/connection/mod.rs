@@ -213,7 +213,7 @@ pub(crate) fn transmit(
         if !st.is_attached(generation) {
             return false;
         }
-        let t = poll(&mut *st);
+        let t = poll(&mut st);
         (t, st.take_drained())
     };
     if drained {

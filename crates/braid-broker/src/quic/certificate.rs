@@ -27,7 +27,8 @@ pub(crate) fn load(cfg: &QuicConfig) -> io::Result<CertifiedKey> {
     if chain.is_empty() {
         return Err(invalid("quic.cert_file", &cfg.cert_file, &"no CERTIFICATE block in the file"));
     }
-    let key = PrivateKeyDer::from_pem_file(&cfg.key_file).map_err(|e| invalid("quic.key_file", &cfg.key_file, &e))?;
+    let key = PrivateKeyDer::from_pem_file(&cfg.key_file)
+        .map_err(|e| invalid("quic.key_file", &cfg.key_file, &e))?;
     Ok((chain, key))
 }
 

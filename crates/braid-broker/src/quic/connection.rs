@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tracing::{debug, info};
 
-use braid_proto::{encode, BytesMut, Disconnect, Packet, Properties, ProtocolVersion, ReadBuffer, ReasonCode};
+use braid_proto::{
+    encode, BytesMut, Disconnect, Packet, Properties, ProtocolVersion, ReadBuffer, ReasonCode,
+};
 
 use super::stream::{self, StreamContext, StreamEnd, StreamOut};
 use crate::broker::{Accepted, Broker, Ending};
@@ -62,7 +64,8 @@ pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming) {
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing QUIC connection: {why}");
             let (mut send, _) = early_control(&mut early);
-            connection::refuse(&mut send, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion).await;
+            connection::refuse(&mut send, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)
+                .await;
             return close_after(&conn, &send, ReasonCode::UnsupportedProtocolVersion, "").await;
         }
         Ok(Err(FirstPacket::Close(why))) => {
@@ -171,13 +174,26 @@ impl Streams {
             held: Arc::new(AtomicUsize::new(0)),
         };
         let control_index = control.recv.id().index();
-        let mut s =
-            Streams { cx, outs: HashMap::new(), control: control_index, readers: JoinSet::new(), writers: JoinSet::new() };
+        let mut s = Streams {
+            cx,
+            outs: HashMap::new(),
+            control: control_index,
+            readers: JoinSet::new(),
+            writers: JoinSet::new(),
+        };
         let control_out = Arc::new(StreamOut::new(CONTROL_PRIORITY));
         control_out.push(connack.freeze());
-        let control_writer = tokio::spawn(stream::write(control.send, control_out.clone(), a.ctl.clone(), broker.clone()));
+        let control_writer =
+            tokio::spawn(stream::write(control.send, control_out.clone(), a.ctl.clone(), broker.clone()));
         s.outs.insert(control_index, control_out.clone());
-        s.readers.spawn(stream::read(s.cx.clone(), control_index, true, control.recv, control.rbuf, control_out.clone()));
+        s.readers.spawn(stream::read(
+            s.cx.clone(),
+            control_index,
+            true,
+            control.recv,
+            control.rbuf,
+            control_out.clone(),
+        ));
         for (send, recv) in early {
             s.open(send, recv);
         }
@@ -283,7 +299,12 @@ impl Streams {
 
     /// Encodes what the session has ready into the queue of each delivery's stream.
     fn transmit(&mut self) {
-        let mut outbox = StreamOutbox { outs: &self.outs, control: self.control, generation: self.cx.generation, encoded: Vec::new() };
+        let mut outbox = StreamOutbox {
+            outs: &self.outs,
+            control: self.control,
+            generation: self.cx.generation,
+            encoded: Vec::new(),
+        };
         connection::transmit(&self.cx.broker, &self.cx.session, self.cx.generation, |st| {
             st.poll_transmit_to(Instant::now(), &mut outbox)
         });

@@ -27,7 +27,8 @@ pub(crate) fn bind(config: &Config) -> io::Result<quinn::Endpoint> {
     let cfg = &config.quic;
     let (chain, key) = certificate::load(cfg)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let invalid = |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::InvalidInput, format!("quic: {e}"));
+    let invalid =
+        |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::InvalidInput, format!("quic: {e}"));
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| invalid(&e))?

@@ -112,7 +112,12 @@ impl StreamOut {
 
 /// Writes what is queued on `out` to `send` until the stream is finished, reset or fails. When
 /// the queue drops below [`STREAM_BUDGET`] the connection task is woken to encode more.
-pub(crate) async fn write(mut send: quinn::SendStream, out: Arc<StreamOut>, ctl: Arc<ConnControl>, broker: Arc<Broker>) {
+pub(crate) async fn write(
+    mut send: quinn::SendStream,
+    out: Arc<StreamOut>,
+    ctl: Arc<ConnControl>,
+    broker: Arc<Broker>,
+) {
     loop {
         let code = out.reset.load(Ordering::Acquire);
         if code != NO_RESET {

@@ -477,7 +477,13 @@ mod tests {
         props.message_expiry_interval = Some(1);
         let dead = Message::from_publish(make(props), now, 1, ByteString::new());
         for msg in [dead, live] {
-            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None, stream: Default::default() });
+            st.enqueue(Delivery {
+                msg,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                sub_id: None,
+                stream: Default::default(),
+            });
         }
         let later = now + std::time::Duration::from_secs(4);
         let sent = transmit(&mut st, later);

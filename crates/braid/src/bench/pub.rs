@@ -204,7 +204,8 @@ async fn topic_clients(conn: &Conn, topics: &[RenderedTopic], quic: bool) -> Res
             Some((_, c)) => c.clone(),
             None => {
                 let priority = t.stream_priority.unwrap_or(0).clamp(i32::MIN as i64, i32::MAX as i64) as i32;
-                let c = conn.client.open_stream(priority).await.map_err(|e| format!("stream {stream}: {e}"))?;
+                let c =
+                    conn.client.open_stream(priority).await.map_err(|e| format!("stream {stream}: {e}"))?;
                 streams.push((stream, c.clone()));
                 c
             }
@@ -354,7 +355,15 @@ pub async fn run(args: PubArgs) -> Result<Summary, String> {
             Some(spec) => {
                 let topics: Vec<RenderedTopic> = spec.topics.iter().map(|t| t.render_for(vars)).collect();
                 let clients = topic_clients(&c, &topics, common.quic).await?;
-                tasks.spawn(run_spec(c, clients, topics, limit.clone(), stats.clone(), stop.clone(), window as usize));
+                tasks.spawn(run_spec(
+                    c,
+                    clients,
+                    topics,
+                    limit.clone(),
+                    stats.clone(),
+                    stop.clone(),
+                    window as usize,
+                ));
             }
             None => {
                 let p = Plain { topic: super::spec::render_topic(&plain.topic, vars), ..plain };
