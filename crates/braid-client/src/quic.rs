@@ -17,6 +17,8 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 /// ALPN protocol id of MQTT over QUIC.
 const ALPN: &[u8] = b"mqtt";
+/// Send priority of the control stream: above every data stream.
+const CONTROL_PRIORITY: i32 = i32::MAX;
 /// QUIC-level keep alive, so an idle MQTT connection with a long keep alive is not dropped by
 /// the QUIC idle timeout (60 s on Braid).
 const QUIC_KEEP_ALIVE: Duration = Duration::from_secs(10);
@@ -55,7 +57,9 @@ impl QuicConn {
         if accepted {
             return None;
         }
-        self.connection.open_bi().await.ok()
+        let (send, recv) = self.connection.open_bi().await.ok()?;
+        let _ = send.set_priority(CONTROL_PRIORITY);
+        Some((send, recv))
     }
 }
 
@@ -77,6 +81,8 @@ pub(crate) async fn open(host: &str, port: u16, q: &QuicOptions) -> io::Result<O
         Err(connecting) => (connecting.await.map_err(io::Error::other)?, None),
     };
     let (send, recv) = connection.open_bi().await.map_err(io::Error::other)?;
+    // PINGREQ and DISCONNECT must not wait behind data streams.
+    let _ = send.set_priority(CONTROL_PRIORITY);
     Ok(Opened { conn: QuicConn { connection, zero_rtt }, send, recv })
 }
 
