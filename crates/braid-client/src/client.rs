@@ -122,6 +122,14 @@ impl Client {
         Ok(Client::start(opts, &ack, link, Some((index, priority))).0)
     }
 
+    /// Statistics of the QUIC connection: packets sent and lost, congestion window, RTT, PTOs
+    /// ([`quinn::ConnectionStats`]). `None` over TCP, while offline, and on a data-stream
+    /// client (ask the connection's client).
+    pub fn quic_stats(&self) -> Option<quinn::ConnectionStats> {
+        let quic = self.inner.shared.quic.lock().unwrap_or_else(|e| e.into_inner());
+        quic.as_ref().map(|c| c.stats())
+    }
+
     /// The QUIC stream index of a data-stream client ([`Client::open_stream`]); `None` for the
     /// connection's own client (the control stream, or TCP).
     pub fn stream_id(&self) -> Option<u64> {

@@ -59,6 +59,7 @@ mod inbound;
 mod inflight;
 mod message;
 mod options;
+mod pacing;
 mod quic;
 
 mod transport;
@@ -71,3 +72,4 @@ pub use client::{Client, PublishHandle};
 pub use error::Error;
 pub use message::{Connected, Event, Message};
 pub use options::{ClientOptions, QuicOptions, Reconnect, Transport, Will};
+pub use pacing::Pacing;

@@ -15,6 +15,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+use crate::pacing::{GovernorFactory, Pace, PacedSocket, Pacing};
+
 /// ALPN protocol id of MQTT over QUIC.
 const ALPN: &[u8] = b"mqtt";
 /// Send priority of the control stream: above every data stream.
@@ -32,6 +34,9 @@ pub struct QuicOptions {
     pub ca_file: Option<PathBuf>,
     /// Name to verify the certificate for; default the host connected to.
     pub server_name: Option<String>,
+    /// How datagrams are paced (default [`Pacing::Adaptive`]: only once heavy loss shows a
+    /// policer on the path; see `docs/quic.md`).
+    pub pacing: Pacing,
 }
 
 /// An open QUIC connection: its first stream (the control stream) and the connection.
@@ -70,10 +75,10 @@ pub(crate) async fn open(host: &str, port: u16, q: &QuicOptions) -> io::Result<O
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")))?;
-    let config = client_config(q)?;
+    let mut config = client_config(q)?;
     let bind: SocketAddr = if addr.is_ipv6() { "[::]:0".parse() } else { "0.0.0.0:0".parse() }
         .map_err(|e| io::Error::other(format!("{e}")))?;
-    let endpoint = quinn::Endpoint::client(bind)?;
+    let endpoint = paced_endpoint(bind, q.pacing, &mut config)?;
     let name = q.server_name.as_deref().unwrap_or(host);
     let connecting = endpoint.connect_with(config, addr, name).map_err(io::Error::other)?;
     let (connection, zero_rtt) = match connecting.into_0rtt() {
@@ -84,6 +89,37 @@ pub(crate) async fn open(host: &str, port: u16, q: &QuicOptions) -> io::Result<O
     // PINGREQ and DISCONNECT must not wait behind data streams.
     let _ = send.set_priority(CONTROL_PRIORITY);
     Ok(Opened { conn: QuicConn { connection, zero_rtt }, send, recv })
+}
+
+/// A client endpoint on `bind` whose socket is paced as `pacing` says; an adaptive pace gets
+/// its rate from the congestion controller `config` is given for this connection.
+fn paced_endpoint(
+    bind: SocketAddr,
+    pacing: Pacing,
+    config: &mut quinn::ClientConfig,
+) -> io::Result<quinn::Endpoint> {
+    let rate = match pacing {
+        Pacing::Off => return quinn::Endpoint::client(bind),
+        Pacing::Adaptive => None,
+        Pacing::Fixed(n) => Some(f64::from(n.max(1))),
+    };
+    let pace = Pace::new(rate);
+    let mut transport = transport_config();
+    if pacing == Pacing::Adaptive {
+        transport.congestion_controller_factory(Arc::new(GovernorFactory::new(pace.clone())));
+    }
+    config.transport_config(Arc::new(transport));
+    let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+    let socket = runtime.wrap_udp_socket(std::net::UdpSocket::bind(bind)?)?;
+    let socket = Arc::new(PacedSocket::new(socket, pace));
+    quinn::Endpoint::new_with_abstract_socket(quinn::EndpointConfig::default(), None, socket, runtime)
+}
+
+/// Transport settings of every client connection.
+fn transport_config() -> quinn::TransportConfig {
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(QUIC_KEEP_ALIVE));
+    transport
 }
 
 /// The client configuration for `q`, built once per process (it carries the session tickets).
@@ -109,9 +145,7 @@ fn client_config(q: &QuicOptions) -> io::Result<quinn::ClientConfig> {
     tls.enable_early_data = true;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(io::Error::other)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-    let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(QUIC_KEEP_ALIVE));
-    config.transport_config(Arc::new(transport));
+    config.transport_config(Arc::new(transport_config()));
     configs.insert(q.clone(), config.clone());
     Ok(config)
 }

@@ -93,6 +93,10 @@ pub struct CommonArgs {
     /// QUIC: PEM file of CA certificates to verify the broker with (default: system roots).
     #[arg(long, value_name = "FILE")]
     pub cafile: Option<PathBuf>,
+    /// QUIC: pacing of the datagrams sent: adaptive (once heavy loss shows a policer), off, or
+    /// a fixed number of packets per second.
+    #[arg(long, value_name = "adaptive|off|PPS", default_value = "adaptive")]
+    pub quic_pacing: braid_client::Pacing,
 }
 
 /// `braid bench conn`

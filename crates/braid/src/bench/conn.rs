@@ -56,6 +56,7 @@ pub fn options(
             insecure: common.insecure,
             ca_file: common.cafile.clone(),
             server_name: None,
+            pacing: common.quic_pacing,
         });
     }
     o

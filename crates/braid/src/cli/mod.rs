@@ -86,6 +86,10 @@ pub struct ConnArgs {
     /// QUIC: PEM file of CA certificates to verify the broker with (default: system roots).
     #[arg(long = "cafile", value_name = "FILE")]
     pub cafile: Option<std::path::PathBuf>,
+    /// QUIC: pacing of the datagrams sent: adaptive (once heavy loss shows a policer), off, or
+    /// a fixed number of packets per second.
+    #[arg(long = "quic-pacing", value_name = "adaptive|off|PPS", default_value = "adaptive")]
+    pub quic_pacing: braid_client::Pacing,
     /// Print help.
     #[arg(long = "help", action = ArgAction::Help)]
     pub help: Option<bool>,
@@ -167,7 +171,12 @@ impl ConnArgs {
             });
         }
         if self.quic {
-            let q = QuicOptions { insecure: self.insecure, ca_file: self.cafile.clone(), server_name: None };
+            let q = QuicOptions {
+                insecure: self.insecure,
+                ca_file: self.cafile.clone(),
+                server_name: None,
+                pacing: self.quic_pacing,
+            };
             o.transport = Transport::Quic(q);
         }
         Ok(o)
