@@ -226,7 +226,9 @@ async fn run_spec(
 ) -> PubResult {
     let clock = Clock::global();
     let mut builder = PayloadBuilder::new(0, 0);
-    let mut pending = Pending::new(window);
+    // One window per topic: a big message's slow PUBACK must not hold back a small topic's
+    // publishes (the tool's own head-of-line blocking).
+    let mut pending: Vec<Pending> = topics.iter().map(|_| Pending::new(window)).collect();
     let mut sent = 0;
     let start = tokio::time::Instant::now();
     let mut due: Vec<tokio::time::Instant> = vec![start; topics.len()];
@@ -241,7 +243,7 @@ async fn run_spec(
         }
         let t = &topics[i];
         due[i] = at + Duration::from_millis(t.interval_ms.max(1));
-        pending.make_room(&stats).await;
+        pending[i].make_room(&stats).await;
         let now = clock.now_ns();
         let payload = builder.custom(t.approx_len(), |buf| t.write_payload(now, buf));
         let msg = Message {
@@ -251,11 +253,16 @@ async fn run_spec(
             retain: t.retain,
             properties: Properties::default(),
         };
-        if !publish(&clients[i], msg, &mut pending, &stats, &mut sent).await {
+        if !publish(&clients[i], msg, &mut pending[i], &stats, &mut sent).await {
             break;
         }
+        for p in &mut pending {
+            p.reap(&stats);
+        }
     }
-    pending.drain(&stats).await;
+    for p in &mut pending {
+        p.drain(&stats).await;
+    }
     drop(conn);
     PubResult { wire_id: u32::MAX, sent, last_ns: clock.now_ns() }
 }
