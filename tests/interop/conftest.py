@@ -15,6 +15,9 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BRAID_BIN = os.environ.get("BRAID_BIN", os.path.join(ROOT, "target", "debug", "braid"))
 TARGET = os.environ.get("BRAID_TEST_BROKER", "braid")
+# Every broker these tests start also listens for MQTT over QUIC (on by default): on a free
+# loopback UDP port, so that brokers never compete for the default 14567.
+os.environ.setdefault("BRAID_LISTENERS_QUIC", "127.0.0.1:0")
 
 
 def free_port():

@@ -21,7 +21,7 @@ use crate::auth::{ConnectionAcl, Security};
 use crate::config::Config;
 use crate::control::ConnControl;
 use crate::limits::{topic_too_big, MemoryAlarm};
-use crate::message::{Delivery, Message};
+use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::retained::Retained;
 use crate::router::{Router, SubEntry};
@@ -176,6 +176,7 @@ impl Broker {
                         options: sub.options,
                         sub_id: sub.sub_id,
                         merge_overlaps: false,
+                        stream: StreamTag::default(),
                     };
                     router.restore(inner, group, entry);
                 }
@@ -333,13 +334,16 @@ impl Broker {
 
     /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
     /// caller writes before it transmits the session's queue. Filters the ACL or the limits
-    /// refuse get 0x87 / 0x8F / 0x97 (3.1.x: 0x80).
+    /// refuse get 0x87 / 0x8F / 0x97 (3.1.x: 0x80). Deliveries for these subscriptions (and
+    /// the retained messages they bring) go out on `stream` while it is open (MQTT over QUIC;
+    /// `StreamTag::default()` elsewhere).
     pub fn subscribe(
         &self,
         session: &Arc<Session>,
         version: ProtocolVersion,
         sub: Subscribe,
         acl: &mut ConnectionAcl<'_>,
+        stream: StreamTag,
     ) -> SubAck {
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
@@ -354,8 +358,8 @@ impl Broker {
                 continue;
             }
             options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
-            let entry =
-                SubEntry { session: session.clone(), options, sub_id, merge_overlaps: !version.is_v5() };
+            let merge_overlaps = !version.is_v5();
+            let entry = SubEntry { session: session.clone(), options, sub_id, merge_overlaps, stream };
             let is_new = self.router.write().subscribe(inner, group, entry);
             session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
@@ -378,7 +382,7 @@ impl Broker {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id, seq: 0 });
+                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id, seq: 0, stream });
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
@@ -458,6 +462,7 @@ impl Broker {
                 retain: msg.retain && e.options.retain_as_published,
                 sub_id: e.sub_id,
                 seq: 0,
+                stream: e.stream,
             };
             let (r, ticket) = self.deliver(&e.session, d);
             out.ticket = out.ticket.max(ticket);

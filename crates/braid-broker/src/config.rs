@@ -23,6 +23,8 @@ pub struct Config {
     pub shared: SharedConfig,
     /// `$SYS` topics.
     pub sys: SysConfig,
+    /// MQTT over QUIC.
+    pub quic: QuicConfig,
     /// Logging.
     pub log: LogConfig,
     /// Authentication (see `docs/security.md`).
@@ -54,6 +56,8 @@ pub struct Listeners {
     pub wss: Option<SocketAddr>,
     /// The HTTP path WebSocket clients connect to.
     pub ws_path: String,
+    /// MQTT over QUIC (UDP), when `quic.enabled`.
+    pub quic: SocketAddr,
 }
 
 impl Default for Listeners {
@@ -65,6 +69,7 @@ impl Default for Listeners {
             wss: None,
             ws_path: "/mqtt".into(),
             park_after_secs: 5,
+            quic: SocketAddr::from(([0, 0, 0, 0], 14567)),
         }
     }
 }
@@ -151,6 +156,37 @@ impl Default for TlsConfig {
             use_cn_as_username: false,
             min_version: TlsVersion::Tls12,
             reload_interval_secs: 5,
+        }
+    }
+}
+
+/// MQTT over QUIC (see `docs/quic.md`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuicConfig {
+    /// Listen for MQTT over QUIC on `listeners.quic`.
+    pub enabled: bool,
+    /// PEM certificate chain; empty: a self-signed certificate is generated at startup.
+    pub cert_file: String,
+    /// PEM private key of `cert_file`.
+    pub key_file: String,
+    /// Accept 0-RTT data from resuming clients.
+    pub zero_rtt: bool,
+    /// Let clients change address mid-connection (connection migration).
+    pub migration: bool,
+    /// Seconds without any packet after which a QUIC connection is dropped.
+    pub idle_timeout_secs: u64,
+}
+
+impl Default for QuicConfig {
+    fn default() -> Self {
+        QuicConfig {
+            enabled: true,
+            cert_file: String::new(),
+            key_file: String::new(),
+            zero_rtt: true,
+            migration: true,
+            idle_timeout_secs: 60,
         }
     }
 }
@@ -458,8 +494,8 @@ impl Default for StoreConfig {
 #[error("{0}")]
 pub struct ConfigError(String);
 
-const SECTIONS: [&str; 11] =
-    ["listeners", "mqtt", "session", "shared", "sys", "log", "auth", "acl", "limits", "tls", "store"];
+const SECTIONS: [&str; 12] =
+    ["listeners", "mqtt", "session", "shared", "sys", "quic", "log", "auth", "acl", "limits", "tls", "store"];
 
 impl Config {
     /// Loads defaults, then `file` (if any), then `BRAID_*` environment variables, then
@@ -491,12 +527,14 @@ impl Config {
         Ok(config)
     }
 
-    /// Defaults for a broker embedded in a program or a test: MQTT on a free loopback port
-    /// (see `Running::addr`), no `$SYS` traffic, the memory store (nothing written to the
-    /// working directory; set `store.backend` to `Disk` with a `data_dir` to persist).
+    /// Defaults for a broker embedded in a program or a test: MQTT over TCP and over QUIC on
+    /// free loopback ports (see `Running::addr` and `Running::quic_addr`), no `$SYS` traffic,
+    /// the memory store (nothing written to the working directory; set `store.backend` to
+    /// `Disk` with a `data_dir` to persist).
     pub fn embedded() -> Config {
         let mut config = Config::default();
         config.listeners.tcp = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.listeners.quic = SocketAddr::from(([127, 0, 0, 1], 0));
         config.sys.interval_secs = 0;
         config.store.backend = StoreBackend::Memory;
         config
@@ -527,6 +565,15 @@ impl Config {
         }
         if self.session.max_queued_messages == 0 || self.session.max_queued_bytes == 0 {
             return bad("session.max_queued_messages", "queue limits must be at least 1");
+        }
+        if self.quic.cert_file.is_empty() != self.quic.key_file.is_empty() {
+            return bad(
+                "quic.cert_file",
+                "quic.cert_file and quic.key_file go together: set both or neither",
+            );
+        }
+        if self.quic.idle_timeout_secs == 0 {
+            return bad("quic.idle_timeout_secs", "must be at least 1");
         }
         if self.mqtt.max_keep_alive == 0 {
             return bad("mqtt.max_keep_alive", "must be at least 1");

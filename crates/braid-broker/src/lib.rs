@@ -18,6 +18,7 @@ pub mod listener;
 pub mod message;
 pub mod metrics;
 pub mod park;
+pub mod quic;
 pub mod retained;
 pub mod router;
 pub mod server;

@@ -87,6 +87,19 @@ impl Message {
     }
 }
 
+/// The stream a subscription was made on (MQTT over QUIC multi-stream): the connection's
+/// attachment generation and the QUIC stream index. Deliveries go out on that stream while that
+/// connection has it open; otherwise (TCP, the control stream, a closed stream, a later
+/// connection of the session) on the connection's only or control stream. The default is the
+/// control stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StreamTag {
+    /// Attachment generation of the connection the stream belongs to (0: none).
+    pub generation: u64,
+    /// QUIC stream index among the client's bidirectional streams (0: control stream).
+    pub stream: u64,
+}
+
 /// One message bound for one subscription of one session.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -100,4 +113,6 @@ pub struct Delivery {
     pub sub_id: Option<u32>,
     /// Sequence number in the store, for a delivery to a persistent session (else 0).
     pub seq: u64,
+    /// The stream of the subscription that matched.
+    pub stream: StreamTag,
 }

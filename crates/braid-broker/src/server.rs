@@ -17,7 +17,7 @@ use crate::broker::Broker;
 use crate::config::Config;
 use crate::listener::{self, Listeners};
 use crate::park::ParkingLot;
-use crate::{connection, sys};
+use crate::{connection, quic, sys};
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
 /// Dropping it shuts the broker down.
@@ -27,6 +27,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Where the TLS, WebSocket and WSS listeners are bound, if configured.
     pub addrs: listener::Addrs,
+    /// Where the MQTT over QUIC listener is bound (UDP), if `quic.enabled`.
+    pub quic_addr: Option<SocketAddr>,
     /// The shared broker state (config, metrics, shutdown token).
     pub broker: Arc<Broker>,
     task: Option<JoinHandle<()>>,
@@ -53,6 +55,7 @@ pub struct Server {
     broker: Arc<Broker>,
     tcp: TcpListener,
     listeners: Listeners,
+    quic: Option<quinn::Endpoint>,
 }
 
 impl Server {
@@ -65,21 +68,27 @@ impl Server {
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
         let listeners = Listeners::bind(&broker.config).await?;
-        Ok(Server { broker, tcp, listeners })
+        let quic = if broker.config.quic.enabled { Some(quic::bind(&broker.config)?) } else { None };
+        Ok(Server { broker, tcp, listeners, quic })
     }
 
     /// Binds `config` and runs the server in a task of the current runtime.
     pub async fn spawn(config: Config) -> io::Result<Running> {
         let server = Server::bind(config).await?;
-        let (addr, broker) = (server.local_addr(), server.broker().clone());
+        let (addr, quic_addr, broker) = (server.local_addr(), server.quic_addr(), server.broker().clone());
         let addrs = server.listeners.addrs();
         let task = tokio::spawn(server.run());
-        Ok(Running { addr, addrs, broker, task: Some(task) })
+        Ok(Running { addr, addrs, quic_addr, broker, task: Some(task) })
     }
 
     /// The address the MQTT/TCP listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.tcp.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The UDP address the MQTT over QUIC listener is bound to, if enabled.
+    pub fn quic_addr(&self) -> Option<SocketAddr> {
+        self.quic.as_ref().and_then(|e| e.local_addr().ok())
     }
 
     /// The shared broker state.
@@ -111,6 +120,9 @@ impl Server {
         };
         let admission = Arc::new(Admission::new(&self.broker, &connections, lot.clone()));
         self.listeners.spawn(&self.broker, &connections, &admission);
+        if let Some(endpoint) = &self.quic {
+            tokio::spawn(quic::accept(endpoint.clone(), self.broker.clone(), connections.clone()));
+        }
         loop {
             admission.pace().await;
             tokio::select! {
@@ -134,6 +146,10 @@ impl Server {
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;
+        if let Some(endpoint) = &self.quic {
+            endpoint.close(0u32.into(), b"shutting down");
+            let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+        }
         if let Some(lot) = lot {
             lot.stop();
         }

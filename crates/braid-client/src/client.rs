@@ -14,7 +14,12 @@ use braid_proto::{
     encoded_len, Packet, Properties, ProtocolVersion, Publish, QoS, ReasonCode, Subscribe, Unsubscribe,
 };
 
-use crate::connect;
+use crate::connect::{self, Link};
+use crate::transport::{ReadHalf, WriteHalf};
+use braid_proto::{ByteString, ConnAck, ReadBuffer};
+
+/// SUBSCRIBE user property telling the broker the priority of the stream it arrives on.
+const STREAM_PRIORITY: &str = "stream-priority";
 use crate::connection::{Command, Connection, Incoming, Shared, COMMAND_CAPACITY, EVENT_CAPACITY};
 use crate::inbound::Taken;
 use crate::{ClientOptions, Connected, Error, Event, Message, SubscriptionOptions};
@@ -29,6 +34,9 @@ pub struct Client {
 }
 
 struct Inner {
+    opts: ClientOptions,
+    /// On a QUIC data stream: its index and the priority announced on SUBSCRIBE.
+    stream: Option<(u64, i32)>,
     commands: mpsc::Sender<Command>,
     acks: mpsc::UnboundedSender<Taken>,
     events: Mutex<mpsc::Receiver<Incoming>>,
@@ -53,15 +61,79 @@ impl Client {
         let handshake = connect::handshake(&opts, &opts.client_id, opts.clean_start);
         let (link, ack) =
             tokio::time::timeout(opts.connect_timeout, handshake).await.map_err(|_| Error::Timeout)??;
+        Ok(Client::start(opts, &ack, link, None))
+    }
+
+    /// Runs the connection task for `link`, which has received `ack`.
+    fn start(
+        opts: ClientOptions,
+        ack: &ConnAck,
+        link: Link,
+        stream: Option<(u64, i32)>,
+    ) -> (Client, Connected) {
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_CAPACITY);
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
         let version = opts.version;
-        let (conn, shared, connected) = Connection::new(opts, &ack, commands_rx, acks_rx, events_tx);
+        let (conn, shared, connected) =
+            Connection::new(opts.clone(), ack, commands_rx, acks_rx, events_tx, stream.is_some());
+        if stream.is_none() {
+            *shared.quic.lock().unwrap_or_else(|e| e.into_inner()) = link.quic.clone();
+        }
         tokio::spawn(conn.run(link));
-        let inner =
-            Inner { commands: commands_tx, acks: acks_tx, events: Mutex::new(events_rx), shared, version };
-        Ok((Client { inner: Arc::new(inner) }, connected))
+        let events = Mutex::new(events_rx);
+        let inner = Inner { opts, stream, commands: commands_tx, acks: acks_tx, events, shared, version };
+        (Client { inner: Arc::new(inner) }, connected)
+    }
+
+    /// MQTT over QUIC: opens a data stream and returns a client bound to it. Its `publish`,
+    /// `subscribe` and `unsubscribe` go out on that stream with packet ids of its own, their
+    /// acknowledgements come back on it, and its `recv` yields the deliveries of the
+    /// subscriptions made on it (the broker sends them on this stream). What this side sends
+    /// on the stream goes at `priority` (higher first, among the streams of the connection);
+    /// v5 SUBSCRIBEs on it carry the user property `stream-priority` so the broker sends its
+    /// deliveries at the same priority. `disconnect` (or dropping every handle) finishes the
+    /// stream only. The stream lives as long as the QUIC connection: after a reconnect, open
+    /// new ones.
+    ///
+    /// [`Error::Protocol`] on a TCP client or a data stream; [`Error::Closed`] while offline.
+    pub async fn open_stream(&self, priority: i32) -> Result<Client, Error> {
+        if self.inner.stream.is_some() {
+            return Err(Error::Protocol(
+                "open data streams from the connection's client, not a stream".into(),
+            ));
+        }
+        let shared = &self.inner.shared;
+        let quic = shared.quic.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let quic = quic.ok_or_else(|| Error::Protocol("data streams need a QUIC connection".into()))?;
+        let ack = shared.connack.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(Error::Closed)?;
+        let (send, recv) = quic.open_bi().await.map_err(|_| Error::Closed)?;
+        let _ = send.set_priority(priority);
+        let index = send.id().index();
+        let mut opts = self.inner.opts.clone();
+        opts.keep_alive = 0;
+        opts.reconnect = None;
+        let link = Link {
+            rd: ReadHalf::Quic(recv),
+            wr: WriteHalf::Quic(send),
+            rbuf: ReadBuffer::default(),
+            quic: None,
+        };
+        Ok(Client::start(opts, &ack, link, Some((index, priority))).0)
+    }
+
+    /// Statistics of the QUIC connection: packets sent and lost, congestion window, RTT, PTOs
+    /// ([`quinn::ConnectionStats`]). `None` over TCP, while offline, and on a data-stream
+    /// client (ask the connection's client).
+    pub fn quic_stats(&self) -> Option<quinn::ConnectionStats> {
+        let quic = self.inner.shared.quic.lock().unwrap_or_else(|e| e.into_inner());
+        quic.as_ref().map(|c| c.stats())
+    }
+
+    /// The QUIC stream index of a data-stream client ([`Client::open_stream`]); `None` for the
+    /// connection's own client (the control stream, or TCP).
+    pub fn stream_id(&self) -> Option<u64> {
+        self.inner.stream.map(|(index, _)| index)
     }
 
     /// Publishes a message.
@@ -125,6 +197,13 @@ impl Client {
             return Err(Error::Protocol("SUBSCRIBE needs at least one topic filter".into()));
         }
         let filters = filters.into_iter().map(|(f, o)| (f.into(), o)).collect();
+        let mut properties = properties;
+        if let (Some((_, priority)), true) = (self.inner.stream, self.inner.version.is_v5()) {
+            let key = ByteString::from_static(STREAM_PRIORITY);
+            if !properties.user_properties.iter().any(|(k, _)| *k == key) {
+                properties.user_properties.push((key, priority.to_string().into()));
+            }
+        }
         let p = Packet::Subscribe(Subscribe { packet_id: 0, properties, filters });
         self.request(p).await
     }

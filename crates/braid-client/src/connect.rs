@@ -19,6 +19,8 @@ pub(crate) struct Link {
     pub wr: WriteHalf,
     /// Bytes already read after the CONNACK.
     pub rbuf: ReadBuffer,
+    /// The QUIC connection, for opening data streams.
+    pub quic: Option<quinn::Connection>,
 }
 
 /// What we announced in CONNECT and therefore enforce.
@@ -88,12 +90,30 @@ pub(crate) async fn handshake(
     client_id: &str,
     clean_start: bool,
 ) -> Result<(Link, ConnAck), Error> {
-    let (mut rd, mut wr) = transport::open(opts).await?;
-    let mut buf = BytesMut::new();
-    let connect = Packet::Connect(Box::new(connect_packet(opts, client_id, clean_start)));
-    encode(&connect, opts.version, &mut buf)
+    let (mut rd, mut wr, mut quic) = transport::open(opts).await?;
+    let mut connect = BytesMut::new();
+    let packet = Packet::Connect(Box::new(connect_packet(opts, client_id, clean_start)));
+    encode(&packet, opts.version, &mut connect)
         .map_err(|e| Error::Protocol(format!("cannot encode CONNECT: {e}")))?;
-    wr.write_all(&buf).await?;
+    let mut exchanged = exchange(&mut rd, &mut wr, &connect, opts).await;
+    if let (Err(Error::Io(_)), Some(q)) = (&exchanged, quic.as_mut()) {
+        if let Some((send, recv)) = q.reopen_after_rejected_0rtt().await {
+            (rd, wr) = (ReadHalf::Quic(recv), WriteHalf::Quic(send));
+            exchanged = exchange(&mut rd, &mut wr, &connect, opts).await;
+        }
+    }
+    let (rbuf, ack) = exchanged?;
+    Ok((Link { rd, wr, rbuf, quic: quic.map(|q| q.connection) }, ack))
+}
+
+/// Sends `connect` and waits for CONNACK; returns it with the bytes read after it.
+async fn exchange(
+    rd: &mut ReadHalf,
+    wr: &mut WriteHalf,
+    connect: &[u8],
+    opts: &ClientOptions,
+) -> Result<(ReadBuffer, ConnAck), Error> {
+    wr.write_all(connect).await?;
     let version: ProtocolVersion = opts.version;
     let max = announced(opts).max_packet_size;
     let mut rbuf = ReadBuffer::default();
@@ -103,7 +123,7 @@ pub(crate) async fn handshake(
                 if ack.reason.is_error() {
                     return Err(Error::Refused(ack.reason));
                 }
-                return Ok((Link { rd, wr, rbuf }, ack));
+                return Ok((rbuf, ack));
             }
             Ok(Some(other)) => {
                 return Err(Error::Protocol(format!("expected CONNACK, got {}", other.name())));
@@ -111,7 +131,7 @@ pub(crate) async fn handshake(
             Ok(None) => {}
             Err(e) => return Err(Error::Protocol(format!("bad CONNACK: {e}"))),
         }
-        if rbuf.read_from(&mut rd).await? == 0 {
+        if rbuf.read_from(rd).await? == 0 {
             return Err(Error::Io(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "connection closed before CONNACK",

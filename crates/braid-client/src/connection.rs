@@ -79,6 +79,10 @@ pub(crate) struct Shared {
     pub max_qos: AtomicU8,
     /// The server's Retain Available.
     pub retain_available: AtomicBool,
+    /// The current QUIC connection, for opening data streams.
+    pub quic: std::sync::Mutex<Option<quinn::Connection>>,
+    /// The CONNACK of the current connection (data streams take its limits).
+    pub connack: std::sync::Mutex<Option<ConnAck>>,
 }
 
 /// How a connection ended.
@@ -172,6 +176,9 @@ pub(crate) struct Connection {
     last_sent: Instant,
     /// Answers the `disconnect` call that ended the client.
     close_done: Option<oneshot::Sender<()>>,
+    /// A QUIC data stream: no keep alive, no CONNECT or DISCONNECT of its own; closing it
+    /// finishes the stream.
+    data_stream: bool,
 }
 
 impl Connection {
@@ -183,6 +190,7 @@ impl Connection {
         commands: mpsc::Receiver<Command>,
         acks: mpsc::UnboundedReceiver<Taken>,
         events: mpsc::Sender<Incoming>,
+        data_stream: bool,
     ) -> (Connection, Arc<Shared>, Connected) {
         let window = window_for(&opts, ack);
         let shared = Arc::new(Shared {
@@ -192,6 +200,8 @@ impl Connection {
             max_packet_size: AtomicU32::new(u32::MAX),
             max_qos: AtomicU8::new(2),
             retain_available: AtomicBool::new(true),
+            quic: std::sync::Mutex::new(None),
+            connack: std::sync::Mutex::new(None),
         });
         let announced = connect::announced(&opts);
         let mut conn = Connection {
@@ -215,6 +225,7 @@ impl Connection {
             ping_sent: None,
             last_sent: Instant::now(),
             close_done: None,
+            data_stream,
             opts,
         };
         let connected = conn.on_connack(ack);
@@ -246,7 +257,10 @@ impl Connection {
 
     /// Runs one connection until it ends.
     async fn serve(&mut self, link: &mut Link) -> Ending {
-        let Link { rd, wr, rbuf } = link;
+        let Link { rd, wr, rbuf, quic } = link;
+        if !self.data_stream {
+            *self.shared.quic.lock().unwrap_or_else(|e| e.into_inner()) = quic.clone();
+        }
         self.last_sent = Instant::now();
         self.ping_sent = None;
         let timer = tokio::time::sleep(self.keep_alive_or_never());
@@ -444,15 +458,17 @@ impl Connection {
     }
 
     fn disconnect(&mut self, reason: ReasonCode) -> Stop {
-        let d = Disconnect { reason, properties: Properties::default() };
-        self.send(&Packet::Disconnect(d));
+        if !self.data_stream {
+            let d = Disconnect { reason, properties: Properties::default() };
+            self.send(&Packet::Disconnect(d));
+        }
         Stop { ending: Ending::Closed, flush: true }
     }
 
     /// We close because the server broke the protocol (v5: DISCONNECT with `reason`).
     fn protocol_error(&mut self, reason: ReasonCode, detail: &str) -> Stop {
         warn!(client_id = %self.client_id, "closing connection: {detail} ({})", reason.description());
-        if self.version.is_v5() {
+        if self.version.is_v5() && !self.data_stream {
             let properties = Properties::from(braid_proto::PropertyValues {
                 reason_string: Some(detail.into()),
                 ..Default::default()
@@ -631,12 +647,16 @@ impl Connection {
             self.client_id = id.to_string();
         }
         self.set_window(window_for(&self.opts, ack));
-        let keep_alive = props.server_keep_alive.unwrap_or(self.opts.keep_alive);
+        let keep_alive = match self.data_stream {
+            true => 0,
+            false => props.server_keep_alive.unwrap_or(self.opts.keep_alive),
+        };
         self.keep_alive = Duration::from_secs(u64::from(keep_alive));
         let s = &self.shared;
         s.max_packet_size.store(props.maximum_packet_size.unwrap_or(u32::MAX), Ordering::Relaxed);
         s.max_qos.store(props.maximum_qos.unwrap_or(2), Ordering::Relaxed);
         s.retain_available.store(props.retain_available.unwrap_or(1) != 0, Ordering::Relaxed);
+        *s.connack.lock().unwrap_or_else(|e| e.into_inner()) = Some(ack.clone());
         Connected {
             session_present: ack.session_present,
             client_id: self.client_id.clone(),

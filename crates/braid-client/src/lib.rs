@@ -59,7 +59,10 @@ mod inbound;
 mod inflight;
 mod message;
 mod options;
+mod pacing;
+mod quic;
 mod tls;
+
 mod transport;
 
 pub use braid_proto::{
@@ -69,4 +72,5 @@ pub use braid_proto::{
 pub use client::{Client, PublishHandle};
 pub use error::Error;
 pub use message::{Connected, Event, Message};
-pub use options::{ClientOptions, Reconnect, TlsOptions, Transport, Will};
+pub use options::{ClientOptions, QuicOptions, Reconnect, TlsOptions, Transport, Will};
+pub use pacing::Pacing;

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use braid_proto::{Bytes, Properties, ProtocolVersion, QoS};
 
+pub use crate::quic::QuicOptions;
+
 /// The network transport. Every transport carries the same MQTT; only how bytes reach the
 /// server differs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,6 +24,9 @@ pub enum Transport {
         /// TLS options for WSS; `None` for plain WebSocket.
         tls: Option<TlsOptions>,
     },
+    /// MQTT over QUIC: the connection's first stream is the control stream;
+    /// [`crate::Client::open_stream`] opens data streams.
+    Quic(QuicOptions),
 }
 
 /// How to open and check a TLS connection.

@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
+use crate::quic::QuicConn;
 use crate::{tls, ClientOptions, Transport};
 
 /// Largest WebSocket message accepted without a `max_packet_size`: the largest MQTT packet.
@@ -31,6 +32,7 @@ pub(crate) type Boxed = Box<dyn Io>;
 pub(crate) enum ReadHalf {
     Tcp(OwnedReadHalf),
     Boxed(tokio::io::ReadHalf<Boxed>),
+    Quic(quinn::RecvStream),
 }
 
 /// The writing side of a connection. TLS and WebSocket streams hold back what they were given
@@ -39,32 +41,44 @@ pub(crate) enum ReadHalf {
 pub(crate) enum WriteHalf {
     Tcp(OwnedWriteHalf),
     Boxed(WriteThrough<tokio::io::WriteHalf<Boxed>>),
+    Quic(quinn::SendStream),
 }
 
-fn split(stream: Boxed) -> (ReadHalf, WriteHalf) {
+fn split(stream: Boxed) -> (ReadHalf, WriteHalf, Option<QuicConn>) {
     let (rd, wr) = tokio::io::split(stream);
-    (ReadHalf::Boxed(rd), WriteHalf::Boxed(WriteThrough::new(wr)))
+    (ReadHalf::Boxed(rd), WriteHalf::Boxed(WriteThrough::new(wr)), None)
 }
 
-/// Opens the transport `opts` asks for.
-pub(crate) async fn open(opts: &ClientOptions) -> io::Result<(ReadHalf, WriteHalf)> {
-    let stream = TcpStream::connect((opts.host.as_str(), opts.port)).await?;
-    // Packets are coalesced in the write buffer already; Nagle would only add latency.
-    stream.set_nodelay(true)?;
+/// Opens the transport `opts` asks for; over QUIC, also the connection (for data streams).
+pub(crate) async fn open(opts: &ClientOptions) -> io::Result<(ReadHalf, WriteHalf, Option<QuicConn>)> {
     match &opts.transport {
         Transport::Tcp => {
-            let (rd, wr) = stream.into_split();
-            Ok((ReadHalf::Tcp(rd), WriteHalf::Tcp(wr)))
+            let (rd, wr) = tcp(opts).await?.into_split();
+            Ok((ReadHalf::Tcp(rd), WriteHalf::Tcp(wr), None))
         }
-        Transport::Tls(tls_opts) => Ok(split(Box::new(tls::connect(stream, &opts.host, tls_opts).await?))),
+        Transport::Quic(q) => {
+            let o = crate::quic::open(&opts.host, opts.port, q).await?;
+            Ok((ReadHalf::Quic(o.recv), WriteHalf::Quic(o.send), Some(o.conn)))
+        }
+        Transport::Tls(tls_opts) => {
+            Ok(split(Box::new(tls::connect(tcp(opts).await?, &opts.host, tls_opts).await?)))
+        }
         Transport::WebSocket { path, tls: None } => {
-            Ok(split(Box::new(websocket(stream, "ws", path, opts).await?)))
+            Ok(split(Box::new(websocket(tcp(opts).await?, "ws", path, opts).await?)))
         }
         Transport::WebSocket { path, tls: Some(tls_opts) } => {
-            let stream = tls::connect(stream, &opts.host, tls_opts).await?;
+            let stream = tls::connect(tcp(opts).await?, &opts.host, tls_opts).await?;
             Ok(split(Box::new(websocket(stream, "wss", path, opts).await?)))
         }
     }
+}
+
+/// A TCP connection to the server, Nagle off (packets are coalesced in the write buffer
+/// already; Nagle would only add latency).
+async fn tcp(opts: &ClientOptions) -> io::Result<TcpStream> {
+    let stream = TcpStream::connect((opts.host.as_str(), opts.port)).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
 }
 
 /// The WebSocket handshake for MQTT at `path`, offering subprotocol `mqtt` (`mqttv3.1` for
@@ -97,6 +111,7 @@ impl AsyncRead for ReadHalf {
         match self.get_mut() {
             ReadHalf::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             ReadHalf::Boxed(s) => Pin::new(s).poll_read(cx, buf),
+            ReadHalf::Quic(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -106,6 +121,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             WriteHalf::Boxed(s) => Pin::new(s).poll_write(cx, buf),
+            WriteHalf::Quic(s) => Pin::new(s).poll_write(cx, buf).map_err(io::Error::from),
         }
     }
 
@@ -113,6 +129,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(s) => Pin::new(s).poll_flush(cx),
             WriteHalf::Boxed(s) => Pin::new(s).poll_flush(cx),
+            WriteHalf::Quic(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -120,6 +137,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             WriteHalf::Boxed(s) => Pin::new(s).poll_shutdown(cx),
+            WriteHalf::Quic(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 
 use braid_client::{TlsOptions, Transport};
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 /// A test CA and the files of the certificates it signed, in a temporary directory.
 struct Pki {
     dir: tempfile::TempDir,
-    ca: rcgen::Certificate,
-    ca_key: KeyPair,
+    name: String,
+    ca: Issuer<'static, KeyPair>,
 }
 
 impl Pki {
@@ -26,7 +26,7 @@ impl Pki {
         let ca_key = KeyPair::generate().unwrap();
         let ca = params.self_signed(&ca_key).unwrap();
         std::fs::write(dir.path().join(format!("{name}.pem")), ca.pem()).unwrap();
-        Pki { dir, ca, ca_key }
+        Pki { dir, name: name.to_string(), ca: Issuer::new(params, ca_key) }
     }
 
     fn path(&self, file: &str) -> PathBuf {
@@ -39,7 +39,7 @@ impl Pki {
             CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
         params.distinguished_name.push(DnType::CommonName, cn);
         let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
         let (cert_path, key_path) = (self.path(&format!("{file}.pem")), self.path(&format!("{file}.key")));
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
@@ -47,9 +47,7 @@ impl Pki {
     }
 
     fn ca_file(&self) -> PathBuf {
-        let name = self.ca.params().distinguished_name.get(&DnType::CommonName).unwrap();
-        let rcgen::DnValue::Utf8String(name) = name else { unreachable!() };
-        self.path(&format!("{name}.pem"))
+        self.path(&format!("{}.pem", self.name))
     }
 }
 

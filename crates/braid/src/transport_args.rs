@@ -1,9 +1,10 @@
 //! Transport flags shared by `braid pub`, `braid sub` and `braid bench`: TLS (mosquitto's
-//! `--cafile`, `--cert`, `--key`, `--insecure`), WebSocket, and the default port each implies.
+//! `--cafile`, `--cert`, `--key`, `--insecure`), WebSocket, QUIC, and the default port each
+//! implies.
 
 use std::path::PathBuf;
 
-use braid_client::{TlsOptions, Transport};
+use braid_client::{Pacing, QuicOptions, TlsOptions, Transport};
 
 /// How to reach the broker.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -29,6 +30,13 @@ pub struct TransportArgs {
     /// Do not verify the broker's certificate or name (self-signed test certificates only).
     #[arg(long)]
     pub insecure: bool,
+    /// MQTT over QUIC (UDP; --cafile and --insecure apply to its certificate).
+    #[arg(long, conflicts_with_all = ["ws", "tls", "cert"])]
+    pub quic: bool,
+    /// QUIC: pacing of the datagrams sent: adaptive (once heavy loss shows a policer), off, or
+    /// a fixed number of packets per second.
+    #[arg(long, value_name = "adaptive|off|PPS", default_value = "adaptive")]
+    pub quic_pacing: Pacing,
 }
 
 impl TransportArgs {
@@ -45,6 +53,14 @@ impl TransportArgs {
 
     /// The transport these flags ask for.
     pub fn transport(&self) -> Transport {
+        if self.quic {
+            return Transport::Quic(QuicOptions {
+                insecure: self.insecure,
+                ca_file: self.cafile.clone(),
+                server_name: None,
+                pacing: self.quic_pacing,
+            });
+        }
         match (self.ws, self.tls_options()) {
             (false, None) => Transport::Tcp,
             (false, Some(tls)) => Transport::Tls(tls),
@@ -52,8 +68,12 @@ impl TransportArgs {
         }
     }
 
-    /// The usual port of the transport: 1883 (TCP), 8883 (TLS), 8083 (WebSocket), 8084 (WSS).
+    /// The usual port of the transport: 1883 (TCP), 8883 (TLS), 8083 (WebSocket), 8084 (WSS),
+    /// 14567 (QUIC).
     pub fn default_port(&self) -> u16 {
+        if self.quic {
+            return 14567;
+        }
         match (self.ws, self.tls_options().is_some()) {
             (false, false) => 1883,
             (false, true) => 8883,

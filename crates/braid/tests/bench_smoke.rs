@@ -21,6 +21,8 @@ fn start_broker() -> (Broker, u16) {
     let child = Command::new(BRAID)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--set", "log.level=\"warn\""])
         .args(["--set", "store.backend=\"memory\""])
+        // QUIC on a free port too: tests run in parallel, the default 14567 is taken by the first.
+        .args(["--set", "listeners.quic=\"127.0.0.1:0\""])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

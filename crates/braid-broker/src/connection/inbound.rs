@@ -1,7 +1,7 @@
 //! What the broker does with each packet a connected client sends.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use crate::auth::ConnectionAcl;
 use crate::broker::{Broker, Ending};
 use crate::config::DeniedPublish;
 use crate::limits::{topic_too_big, PublishLimiter};
-use crate::message::Message;
+use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::session::Session;
 use crate::store::Ticket;
@@ -49,6 +49,13 @@ pub struct Inbound<'a> {
     limiter: PublishLimiter,
     /// Not reading from the client: over its publish rate, or the memory alarm is raised.
     pause: Option<Pause>,
+    /// The stream this state reads (QUIC); subscriptions made here deliver on it.
+    stream: StreamTag,
+    /// Inbound QoS 2 ids of a QUIC data stream, whose packet ids are its own; `None` uses the
+    /// session's set, which outlives the connection (and is persisted). Boxed so that TCP
+    /// connections, which never have one, carry one word for it.
+    #[allow(clippy::box_collection)]
+    stream_qos2: Option<Box<HashSet<u16>>>,
 }
 
 /// Why a connection is not read from, though no acknowledgement is held.
@@ -88,7 +95,53 @@ impl<'a> Inbound<'a> {
             acl,
             limiter,
             pause: None,
+            stream: StreamTag::default(),
+            stream_qos2: None,
         }
+    }
+
+    /// State for a QUIC data stream `stream`: its packet ids (and so its unreleased QoS 2 ids)
+    /// and its topic aliases are its own, and its subscriptions deliver on it.
+    pub fn for_stream(
+        broker: &'a Arc<Broker>,
+        session: &'a Arc<Session>,
+        version: ProtocolVersion,
+        stream: StreamTag,
+        acl: ConnectionAcl<'a>,
+    ) -> Self {
+        Inbound {
+            stream,
+            stream_qos2: Some(Box::default()),
+            ..Inbound::new(broker, session, version, HashMap::new(), acl)
+        }
+    }
+
+    /// Records inbound QoS 2 packet id `id`: whether it is new (a resend is acknowledged again
+    /// but not delivered twice) and the store ticket its PUBREC waits for; the close if more
+    /// than Receive Maximum are unreleased.
+    fn receive_qos2(&mut self, id: u16) -> Result<(bool, Ticket), Flow> {
+        let max = usize::from(self.broker.config.mqtt.receive_maximum);
+        let too_many = || {
+            close(ReasonCode::ReceiveMaximumExceeded, "more unreleased QoS 2 messages than Receive Maximum")
+        };
+        if let Some(ids) = self.stream_qos2.as_deref_mut() {
+            // A QUIC data stream's own ids, kept in memory only (docs/quic.md).
+            if ids.contains(&id) {
+                return Ok((false, 0));
+            }
+            if ids.len() >= max {
+                return Err(too_many());
+            }
+            return Ok((ids.insert(id), 0));
+        }
+        let mut st = self.session.lock();
+        if st.incoming_qos2.contains(&id) {
+            return Ok((false, st.ticket()));
+        }
+        if st.incoming_qos2.len() >= max {
+            return Err(too_many());
+        }
+        Ok((st.receive_qos2(id), st.ticket()))
     }
 
     /// What a connection that parks keeps: the topic aliases its client defined and its
@@ -127,9 +180,12 @@ impl<'a> Inbound<'a> {
                 None
             }
             Packet::PubRel(a) => {
-                let (known, ticket) = {
-                    let mut st = self.session.lock();
-                    (st.release_qos2(a.packet_id), st.ticket())
+                let (known, ticket) = match self.stream_qos2.as_mut() {
+                    Some(ids) => (ids.remove(&a.packet_id), 0),
+                    None => {
+                        let mut st = self.session.lock();
+                        (st.release_qos2(a.packet_id), st.ticket())
+                    }
                 };
                 let reason = if known { ReasonCode::Success } else { ReasonCode::PacketIdentifierNotFound };
                 self.ack(Packet::PubComp(Ack::with_reason(a.packet_id, reason)), ticket, out);
@@ -137,7 +193,13 @@ impl<'a> Inbound<'a> {
             }
             Packet::Subscribe(s) => {
                 self.transmit = true;
-                Some(Packet::SubAck(self.broker.subscribe(self.session, self.version, s, &mut self.acl)))
+                Some(Packet::SubAck(self.broker.subscribe(
+                    self.session,
+                    self.version,
+                    s,
+                    &mut self.acl,
+                    self.stream,
+                )))
             }
             Packet::Unsubscribe(u) => {
                 Some(Packet::UnsubAck(self.broker.unsubscribe(self.session, self.version, u)))
@@ -243,18 +305,9 @@ impl<'a> Inbound<'a> {
             }
             QoS::AtLeastOnce => (Packet::PubAck(Ack::new(id)), 0),
             QoS::ExactlyOnce => {
-                let (first, ticket) = {
-                    let mut st = self.session.lock();
-                    if st.incoming_qos2.contains(&id) {
-                        (false, st.ticket())
-                    } else if st.incoming_qos2.len() >= usize::from(cfg.receive_maximum) {
-                        return close(
-                            ReasonCode::ReceiveMaximumExceeded,
-                            "more unreleased QoS 2 messages than Receive Maximum",
-                        );
-                    } else {
-                        (st.receive_qos2(id), st.ticket())
-                    }
+                let (first, ticket) = match self.receive_qos2(id) {
+                    Ok(r) => r,
+                    Err(flow) => return flow,
                 };
                 let ack = Packet::PubRec(Ack::new(id));
                 // A PUBLISH resent before PUBREL is acknowledged again but not delivered twice.

@@ -2,7 +2,7 @@
 //! reads and handles inbound packets and writes replies and deliveries, so a client's PUBACK
 //! goes out with the deliveries of the same turn and nothing waits for a second task.
 
-mod inbound;
+pub(crate) mod inbound;
 pub mod tcp;
 
 use std::collections::HashMap;
@@ -22,6 +22,7 @@ use crate::auth::{AclSeed, ConnectionAcl};
 use crate::broker::{Accepted, Broker, Ending};
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
+use crate::session::{Session, SessionState, Transmit};
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
 
@@ -116,46 +117,58 @@ where
         Ok(Ok(c)) => c,
     };
     let version = connect.protocol;
-    let identity = match broker.security.authenticate(&connect, verified_username.as_deref()).await {
-        Ok(identity) => identity,
-        Err(r) => {
-            info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {} ({})", r.detail, r.reason.description());
-            Box::pin(refuse(wr, version, r.reason)).await;
-            return None;
-        }
-    };
-    let user = identity.username.clone();
-    let acl = broker.security.seed(identity, &connect.client_id);
-    if let Some(will) = &connect.will {
-        if !broker.security.resume_acl(acl.clone(), &connect.client_id).may_publish(&will.topic) {
-            info!(%peer, client_id = %connect.client_id, topic = %will.topic, "refusing CONNECT: the ACL denies the will topic");
-            Box::pin(refuse(wr, version, ReasonCode::NotAuthorized)).await;
-            return None;
-        }
-    }
-    let (accepted, connack, restore) = match broker.connect(&connect) {
+    let (accepted, connack, acl) = match admit(broker, &connect, verified_username.as_deref(), peer).await {
         Ok(a) => a,
         Err(reason) => {
-            info!(%peer, client_id = %connect.client_id, "refusing CONNECT: {}", reason.description());
             Box::pin(refuse(wr, version, reason)).await;
             return None;
         }
     };
     drop(connect);
+    let mut out = BytesMut::new();
+    let _ = encode(&Packet::ConnAck(connack), version, &mut out);
+    Some(Start { accepted, version, out, rbuf, acl })
+}
+
+/// Authenticates a CONNECT (`verified_username`: a name the transport established), checks its
+/// will topic against the ACL and attaches the session, with a persistent session's deliveries
+/// read back from disk. Returns the attachment, its CONNACK and the client's authorization, or
+/// the reason to refuse with (logged here). Every transport's handshake goes through this.
+pub(crate) async fn admit(
+    broker: &Arc<Broker>,
+    connect: &Connect,
+    verified_username: Option<&str>,
+    peer: SocketAddr,
+) -> Result<(Accepted, ConnAck, Option<Box<AclSeed>>), ReasonCode> {
+    let client_id = &connect.client_id;
+    let identity = match broker.security.authenticate(connect, verified_username).await {
+        Ok(identity) => identity,
+        Err(r) => {
+            info!(%peer, %client_id, "refusing CONNECT: {} ({})", r.detail, r.reason.description());
+            return Err(r.reason);
+        }
+    };
+    let user = identity.username.clone();
+    let acl = broker.security.seed(identity, client_id);
+    if let Some(will) = &connect.will {
+        if !broker.security.resume_acl(acl.clone(), client_id).may_publish(&will.topic) {
+            info!(%peer, %client_id, topic = %will.topic, "refusing CONNECT: the ACL denies the will topic");
+            return Err(ReasonCode::NotAuthorized);
+        }
+    }
+    let (accepted, connack, restore) = broker.connect(connect).inspect_err(|reason| {
+        info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
+    })?;
     if let Some(restore) = restore {
         // A persistent session's deliveries waiting on disk come back before anything is sent.
         match restore.await {
             Ok(Ok(stored)) => accepted.session.lock().restore(accepted.generation, stored),
-            Ok(Err(e)) => {
-                tracing::error!(client_id = %accepted.session.client_id, "cannot read queued deliveries back: {e}")
-            }
+            Ok(Err(e)) => tracing::error!(%client_id, "cannot read queued deliveries back: {e}"),
             Err(_) => {}
         }
     }
-    debug!(%peer, client_id = %accepted.session.client_id, ?version, ?user, "client connected");
-    let mut out = BytesMut::new();
-    let _ = encode(&Packet::ConnAck(connack), version, &mut out);
-    Some(Start { accepted, version, out, rbuf, acl })
+    debug!(%peer, %client_id, version = ?connect.protocol, ?user, "client connected");
+    Ok((accepted, connack, acl))
 }
 
 /// Why [`Connection::run`] returned.
@@ -213,13 +226,15 @@ async fn wait_busy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     }
 }
 
-enum FirstPacket {
+/// Why no CONNECT came first.
+pub(crate) enum FirstPacket {
     Eof,
     Close(String),
     Refuse(String),
 }
 
-async fn read_connect<R: AsyncRead + Unpin>(
+/// Reads until the first packet, which must be a CONNECT.
+pub(crate) async fn read_connect<R: AsyncRead + Unpin>(
     rd: &mut R,
     rbuf: &mut ReadBuffer,
     broker: &Broker,
@@ -245,7 +260,7 @@ async fn read_connect<R: AsyncRead + Unpin>(
 }
 
 /// Writes a refusing CONNACK and closes.
-async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
+pub(crate) async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
     let mut buf = BytesMut::new();
     let properties = Properties::from(braid_proto::PropertyValues {
         reason_string: Some(reason.description().into()),
@@ -266,6 +281,39 @@ async fn write_and_close<W: AsyncWrite + Unpin>(wr: &mut W, last: &[u8]) {
         wr.shutdown().await
     })
     .await;
+}
+
+/// How a connection the broker closes with `reason` ends, for will and session handling.
+pub(crate) fn ending_for(reason: ReasonCode) -> Ending {
+    match reason {
+        ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
+        _ => Ending::WithWill,
+    }
+}
+
+/// Lets the session attached as `generation` encode what it has ready (`poll`), counts what
+/// was sent and dropped, and lets publishers go on once its queue has drained. True if more is
+/// ready than fitted.
+pub(crate) fn transmit(
+    broker: &Broker,
+    session: &Session,
+    generation: u64,
+    poll: impl FnOnce(&mut SessionState) -> Transmit,
+) -> bool {
+    let (t, drained) = {
+        let mut st = session.lock();
+        if !st.is_attached(generation) {
+            return false;
+        }
+        let t = poll(&mut st);
+        (t, st.take_drained())
+    };
+    if drained {
+        session.release_publishers();
+    }
+    Metrics::add(&broker.metrics.messages_sent, t.published);
+    Metrics::add(&broker.metrics.messages_dropped, t.dropped);
+    t.more
 }
 
 /// An accepted connection.
@@ -370,10 +418,7 @@ impl<'a> Connection<'a> {
                     if reason == ReasonCode::KeepAliveTimeout {
                         info!(peer = %self.peer, client_id = %a.session.client_id, "closing connection: keep alive timeout");
                     }
-                    return Stop::End(match reason {
-                        ReasonCode::SessionTakenOver | ReasonCode::ServerShuttingDown => Ending::Silent,
-                        _ => Ending::WithWill,
-                    });
+                    return Stop::End(ending_for(reason));
                 }
                 Event::Woken => {
                     // Cleared before the session is looked at, so a later wake unparks.
@@ -408,22 +453,10 @@ impl<'a> Connection<'a> {
 
     /// Encodes what the session has ready; true if more is ready than fitted.
     fn poll_transmit(&mut self) -> bool {
-        let t = {
-            let mut st = self.a.session.lock();
-            if !st.is_attached(self.a.generation) {
-                return false;
-            }
-            let t = st.poll_transmit(Instant::now(), &mut self.out, WRITE_BUDGET);
-            (t, st.take_drained())
-        };
-        let (t, drained) = t;
-        if drained {
-            self.a.session.release_publishers();
-        }
-        let m = &self.broker.metrics;
-        Metrics::add(&m.messages_sent, t.published);
-        Metrics::add(&m.messages_dropped, t.dropped);
-        t.more
+        let out = &mut self.out;
+        transmit(self.broker, &self.a.session, self.a.generation, |st| {
+            st.poll_transmit(Instant::now(), out, WRITE_BUDGET)
+        })
     }
 
     /// Closes the connection and tells the broker how it ended.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use braid_proto::SubscriptionOptions;
 
 use crate::config::SharedStrategy;
-use crate::message::Message;
+use crate::message::{Message, StreamTag};
 use crate::session::Session;
 
 use trie::Trie;
@@ -26,6 +26,8 @@ pub struct SubEntry {
     /// Merge overlapping matches into one delivery at the highest QoS (MQTT 3.1.x rule);
     /// v5 subscriptions each get their own copy.
     pub merge_overlaps: bool,
+    /// The stream the subscription was made on (QUIC multi-stream).
+    pub stream: StreamTag,
 }
 
 /// The subscription table.
@@ -100,6 +102,7 @@ mod tests {
             options: SubscriptionOptions::default(),
             sub_id: None,
             merge_overlaps: false,
+            stream: Default::default(),
         }
     }
 

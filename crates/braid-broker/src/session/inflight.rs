@@ -194,6 +194,7 @@ mod tests {
             retain: false,
             sub_id: None,
             seq: 0,
+            stream: Default::default(),
         }
     }
 

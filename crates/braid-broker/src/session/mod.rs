@@ -19,7 +19,7 @@ use braid_proto::ByteString;
 pub use alias::OutboundAliases;
 pub use persist::{Persist, Restore};
 pub use queue::{Enqueued, OnDisk, Queue, QueueLimits};
-pub use state::{Link, SessionState, SubscriptionRecord, Transmit};
+pub use state::{Link, Outbox, SessionState, SubscriptionRecord, Transmit};
 
 use crate::message::Delivery;
 

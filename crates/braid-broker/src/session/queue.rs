@@ -186,6 +186,23 @@ impl<T: Item> Queue<T> {
         self.items.front()
     }
 
+    /// Index of the oldest delivery that satisfies `pred`.
+    pub fn position(&self, pred: impl FnMut(&T) -> bool) -> Option<usize> {
+        self.items.iter().position(pred)
+    }
+
+    /// The delivery at `index` (0 is the oldest).
+    pub fn get(&self, index: usize) -> Option<&T> {
+        self.items.get(index)
+    }
+
+    /// Removes the delivery at `index` (0 is the oldest).
+    pub fn remove(&mut self, index: usize) -> Option<T> {
+        let d = self.items.remove(index)?;
+        self.bytes -= size(&d);
+        Some(d)
+    }
+
     /// Removes the oldest delivery.
     pub fn pop(&mut self) -> Option<T> {
         let d = self.items.pop_front()?;
@@ -230,7 +247,7 @@ mod tests {
 
     fn d(qos: QoS, payload: usize) -> Delivery {
         let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
-        Delivery { msg, qos, retain: false, sub_id: None, seq: 0 }
+        Delivery { msg, qos, retain: false, sub_id: None, seq: 0, stream: Default::default() }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::inflight::{Inflight, Stage};
 use super::persist::{Persist, Restore};
 use super::queue::{Enqueued, Queue, QueueLimits};
 use crate::control::ConnControl;
-use crate::message::Delivery;
+use crate::message::{Delivery, StreamTag};
 use crate::store::{self, SessionRecord, Stored, Ticket};
 
 /// A map without per-map random hash keys (16 bytes less in every session). Its keys are a
@@ -83,6 +83,38 @@ pub struct Transmit {
     pub dropped: u64,
     /// More is ready but the byte budget was reached: call again after writing.
     pub more: bool,
+}
+
+/// Where [`SessionState::poll_transmit_to`] encodes deliveries: one buffer for a TCP
+/// connection, one per stream for QUIC multi-stream, so that a full stream does not hold back
+/// deliveries for the others.
+pub trait Outbox {
+    /// True if the buffer for deliveries tagged `stream` has room now.
+    fn has_room(&self, stream: StreamTag) -> bool;
+    /// The buffer for deliveries tagged `stream`.
+    fn buffer(&mut self, stream: StreamTag) -> &mut BytesMut;
+    /// True when no buffer has room: nothing more can be encoded now.
+    fn is_full(&self) -> bool;
+}
+
+/// One buffer for every delivery, full at `budget` bytes.
+struct SingleBuffer<'a> {
+    buf: &'a mut BytesMut,
+    budget: usize,
+}
+
+impl Outbox for SingleBuffer<'_> {
+    fn has_room(&self, _: StreamTag) -> bool {
+        !self.is_full()
+    }
+
+    fn buffer(&mut self, _: StreamTag) -> &mut BytesMut {
+        self.buf
+    }
+
+    fn is_full(&self) -> bool {
+        self.buf.len() >= self.budget
+    }
 }
 
 /// All state of one session.
@@ -321,6 +353,12 @@ impl SessionState {
     /// `budget` bytes: resends of unacknowledged deliveries (DUP) first, then queued
     /// deliveries while the in-flight window has room.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut BytesMut, budget: usize) -> Transmit {
+        self.poll_transmit_to(now, &mut SingleBuffer { buf, budget })
+    }
+
+    /// [`SessionState::poll_transmit`] into the buffer of each delivery's stream: a delivery
+    /// whose stream has no room is passed over for later ones whose stream has room.
+    pub fn poll_transmit_to(&mut self, now: Instant, out: &mut impl Outbox) -> Transmit {
         let mut t = Transmit::default();
         let Some(link) = self.link.as_mut() else {
             return t;
@@ -328,11 +366,12 @@ impl SessionState {
         let version = link.version;
         // Resends count against the window of the new connection, which may be smaller.
         while self.inflight.sent() < link.window {
-            if buf.len() >= budget {
+            if out.is_full() {
                 t.more = true;
                 break;
             }
             let Some(e) = self.inflight.next_unsent() else { break };
+            let buf = out.buffer(e.delivery.stream);
             let p = match e.stage {
                 Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
                     Some(p) => Packet::Publish(p),
@@ -349,21 +388,24 @@ impl SessionState {
             };
             let _ = encode(&p, version, buf);
         }
-        while let (false, Some(front)) = (t.more, self.queue.front()) {
-            if buf.len() >= budget {
+        while !t.more && !self.queue.is_empty() {
+            // The oldest delivery whose stream has room (with one buffer: the front, if any).
+            let Some(i) = self.queue.position(|d| out.has_room(d.stream)) else {
                 t.more = true;
                 break;
-            }
-            if front.qos != QoS::AtMostOnce && self.inflight.len() >= link.window {
+            };
+            let window_full = self.inflight.len() >= link.window;
+            if window_full && self.queue.get(i).is_some_and(|d| d.qos != QoS::AtMostOnce) {
                 break;
             }
+            let Some(front) = self.queue.get(i) else { break };
             // A persisted delivery's packet id is derived from its sequence number; in the
             // rare case that id is still in flight, wait for it.
             let stored_id = (front.seq != 0).then(|| store::packet_id_for(front.seq));
             if front.qos != QoS::AtMostOnce && stored_id.is_some_and(|id| self.inflight.in_use(id)) {
                 break;
             }
-            let Some(d) = self.queue.pop() else { break };
+            let Some(d) = self.queue.remove(i) else { break };
             if d.msg.is_expired(now) {
                 done(&mut self.persist, d.seq);
                 t.dropped += 1;
@@ -374,6 +416,7 @@ impl SessionState {
                 t.dropped += 1;
                 continue;
             };
+            let buf = out.buffer(d.stream);
             match (d.qos, stored_id, self.persist.as_deref_mut()) {
                 (QoS::AtMostOnce, _, persist) => {
                     if let Some(persist) = persist {
@@ -470,6 +513,7 @@ mod tests {
             retain: false,
             sub_id: None,
             seq: 0,
+            stream: Default::default(),
         }
     }
 
@@ -569,7 +613,14 @@ mod tests {
         props.message_expiry_interval = Some(1);
         let dead = Message::from_publish(make(props), now, 1, ByteString::new());
         for msg in [dead, live] {
-            st.enqueue(Delivery { msg, qos: QoS::AtLeastOnce, retain: false, sub_id: None, seq: 0 });
+            st.enqueue(Delivery {
+                msg,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                sub_id: None,
+                seq: 0,
+                stream: Default::default(),
+            });
         }
         let later = now + std::time::Duration::from_secs(4);
         let sent = transmit(&mut st, later);

@@ -790,7 +790,14 @@ mod tests {
     fn delivery(payload: &'static str) -> Delivery {
         let msg =
             Message::internal(ByteString::from_static("a/b"), Bytes::from_static(payload.as_bytes()), false);
-        Delivery { msg, qos: QoS::ExactlyOnce, retain: false, sub_id: Some(7), seq: 0 }
+        Delivery {
+            msg,
+            qos: QoS::ExactlyOnce,
+            retain: false,
+            sub_id: Some(7),
+            seq: 0,
+            stream: Default::default(),
+        }
     }
 
     #[test]

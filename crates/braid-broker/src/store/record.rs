@@ -252,7 +252,7 @@ pub fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
     let sub_id = Some(r.u32()?).filter(|id| *id != 0);
     let expires = r.u64()?;
     let msg = message_from(r.blob()?, expires)?;
-    Ok((seq, Delivery { msg, qos, retain, sub_id, seq }))
+    Ok((seq, Delivery { msg, qos, retain, sub_id, seq, stream: Default::default() }))
 }
 
 /// Body of a STAGE record.

@@ -5,6 +5,8 @@
 //! Every wait is bounded: a test that would hang fails after a few seconds instead.
 #![allow(dead_code, unused_imports)]
 
+pub mod proxy;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

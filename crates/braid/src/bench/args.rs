@@ -142,7 +142,8 @@ pub struct PubArgs {
     /// Messages to publish in total over all clients (0: unlimited).
     #[arg(short = 'L', long = "limit", default_value_t = 0)]
     pub limit: u64,
-    /// Unacknowledged QoS 1/2 publishes per client (0: 65535). Capped by the broker's Receive Maximum.
+    /// Unacknowledged QoS 1/2 publishes per client, per topic with --topics-payload (0: 65535).
+    /// Capped by the broker's Receive Maximum.
     #[arg(short = 'F', long = "inflight", default_value_t = 1)]
     pub inflight: u32,
     /// emqtt_bench topic spec (JSON) instead of -t/-s/-q/-I.

@@ -192,8 +192,32 @@ async fn run_plain(
     PubResult { wire_id, sent, last_ns: clock.now_ns() }
 }
 
+/// The client each spec topic publishes with: over QUIC, a data stream per `stream` number
+/// other than 0 (opened with the `stream_priority` of its first topic), stream 0 being the
+/// control stream; over TCP, the connection itself.
+async fn topic_clients(conn: &Conn, topics: &[RenderedTopic], quic: bool) -> Result<Vec<Client>, String> {
+    let mut streams: Vec<(u64, Client)> = vec![(0, conn.client.clone())];
+    let mut clients = Vec::with_capacity(topics.len());
+    for t in topics {
+        let stream = if quic { t.stream } else { 0 };
+        let client = match streams.iter().find(|(n, _)| *n == stream) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let priority = t.stream_priority.unwrap_or(0).clamp(i32::MIN as i64, i32::MAX as i64) as i32;
+                let c =
+                    conn.client.open_stream(priority).await.map_err(|e| format!("stream {stream}: {e}"))?;
+                streams.push((stream, c.clone()));
+                c
+            }
+        };
+        clients.push(client);
+    }
+    Ok(clients)
+}
+
 async fn run_spec(
     conn: Conn,
+    clients: Vec<Client>,
     topics: Vec<RenderedTopic>,
     limit: Arc<Limit>,
     stats: Arc<Stats>,
@@ -202,7 +226,9 @@ async fn run_spec(
 ) -> PubResult {
     let clock = Clock::global();
     let mut builder = PayloadBuilder::new(0, 0);
-    let mut pending = Pending::new(window);
+    // One window per topic: a big message's slow PUBACK must not hold back a small topic's
+    // publishes (the tool's own head-of-line blocking).
+    let mut pending: Vec<Pending> = topics.iter().map(|_| Pending::new(window)).collect();
     let mut sent = 0;
     let start = tokio::time::Instant::now();
     let mut due: Vec<tokio::time::Instant> = vec![start; topics.len()];
@@ -217,7 +243,7 @@ async fn run_spec(
         }
         let t = &topics[i];
         due[i] = at + Duration::from_millis(t.interval_ms.max(1));
-        pending.make_room(&stats).await;
+        pending[i].make_room(&stats).await;
         let now = clock.now_ns();
         let payload = builder.custom(t.approx_len(), |buf| t.write_payload(now, buf));
         let msg = Message {
@@ -227,11 +253,17 @@ async fn run_spec(
             retain: t.retain,
             properties: Properties::default(),
         };
-        if !publish(&conn.client, msg, &mut pending, &stats, &mut sent).await {
+        if !publish(&clients[i], msg, &mut pending[i], &stats, &mut sent).await {
             break;
         }
+        for p in &mut pending {
+            p.reap(&stats);
+        }
     }
-    pending.drain(&stats).await;
+    for p in &mut pending {
+        p.drain(&stats).await;
+    }
+    drop(conn);
     PubResult { wire_id: u32::MAX, sent, last_ns: clock.now_ns() }
 }
 
@@ -240,7 +272,7 @@ fn load_spec(args: &PubArgs) -> Result<Option<TopicSpec>, String> {
     let Some(path) = &args.topics_payload else { return Ok(None) };
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let spec = TopicSpec::parse(&text)?;
-    if spec.uses_streams() {
+    if spec.uses_streams() && !args.common.transport.quic {
         eprintln!(
             "warning: --topics-payload: \"stream\" and \"stream_priority\" select QUIC streams; this transport (TCP) has \
              one byte stream, so they are ignored"
@@ -328,8 +360,17 @@ pub async fn run(args: PubArgs) -> Result<Summary, String> {
         let vars = Vars { seq: c.seq, client_id: &c.client_id, username: &username };
         match &spec {
             Some(spec) => {
-                let topics = spec.topics.iter().map(|t| t.render_for(vars)).collect();
-                tasks.spawn(run_spec(c, topics, limit.clone(), stats.clone(), stop.clone(), window as usize));
+                let topics: Vec<RenderedTopic> = spec.topics.iter().map(|t| t.render_for(vars)).collect();
+                let clients = topic_clients(&c, &topics, common.transport.quic).await?;
+                tasks.spawn(run_spec(
+                    c,
+                    clients,
+                    topics,
+                    limit.clone(),
+                    stats.clone(),
+                    stop.clone(),
+                    window as usize,
+                ));
             }
             None => {
                 let p = Plain { topic: super::spec::render_topic(&plain.topic, vars), ..plain };

@@ -8,8 +8,9 @@
 //!              "stream": 0, "stream_priority": 200, "render": "Data"}]}
 //! ```
 //!
-//! `stream` and `stream_priority` select and rank a QUIC stream. Over TCP there is only the one
-//! byte stream, so they are accepted and ignored (the caller warns once). Trailing commas, as in
+//! `stream` and `stream_priority` select and rank a QUIC stream (`--quic`: one data stream per
+//! `stream` number, 0 being the control stream). Over TCP there is only the one byte stream, so
+//! they are accepted and ignored (the caller warns once). Trailing commas, as in
 //! the EMQX blog's example, are tolerated.
 
 use serde_json::{Map, Value};
@@ -317,6 +318,10 @@ pub struct RenderedTopic {
     pub tail: Vec<u8>,
     /// Unit of the injected timestamp.
     pub inject: Option<TsUnit>,
+    /// QUIC stream number (0: the control stream).
+    pub stream: u64,
+    /// QUIC stream priority.
+    pub stream_priority: Option<i64>,
 }
 
 impl RenderedTopic {
@@ -392,6 +397,8 @@ impl TopicEntry {
             head,
             tail,
             inject: if self.payload.is_object() { self.inject_timestamp } else { None },
+            stream: self.stream,
+            stream_priority: self.stream_priority,
         }
     }
 }
