@@ -9,12 +9,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
-
 use crate::pacing::{GovernorFactory, Pace, PacedSocket, Pacing};
 
 /// ALPN protocol id of MQTT over QUIC.
@@ -129,18 +123,13 @@ fn client_config(q: &QuicOptions) -> io::Result<quinn::ClientConfig> {
     if let Some(c) = configs.get(q) {
         return Ok(c.clone());
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(io::Error::other)?;
-    let mut tls = if q.insecure {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
-            .with_no_client_auth()
-    } else {
-        builder.with_root_certificates(roots(q)?).with_no_client_auth()
+    let opts = crate::TlsOptions {
+        ca_file: q.ca_file.clone(),
+        insecure: q.insecure,
+        server_name: q.server_name.clone(),
+        ..Default::default()
     };
+    let mut tls = crate::tls::rustls_config(&opts, &[&rustls::version::TLS13])?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
     tls.enable_early_data = true;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(io::Error::other)?;
@@ -148,65 +137,4 @@ fn client_config(q: &QuicOptions) -> io::Result<quinn::ClientConfig> {
     config.transport_config(Arc::new(transport_config()));
     configs.insert(q.clone(), config.clone());
     Ok(config)
-}
-
-fn roots(q: &QuicOptions) -> io::Result<RootCertStore> {
-    let mut roots = RootCertStore::empty();
-    match &q.ca_file {
-        Some(path) => {
-            let certs =
-                CertificateDer::pem_file_iter(path).and_then(|c| c.collect::<Result<Vec<_>, _>>()).map_err(
-                    |e| io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {e}", path.display())),
-                )?;
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                let msg = format!("{}: no usable CA certificate", path.display());
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
-        }
-    }
-    Ok(roots)
-}
-
-/// Accepts any server certificate (signatures are still checked): `--insecure`.
-#[derive(Debug)]
-struct NoVerification(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }

@@ -69,9 +69,18 @@ fn client_config(opts: &TlsOptions) -> io::Result<Arc<ClientConfig>> {
 
 /// Builds the client config `opts` describes.
 fn build_client_config(opts: &TlsOptions) -> io::Result<Arc<ClientConfig>> {
+    rustls_config(opts, rustls::DEFAULT_VERSIONS).map(Arc::new)
+}
+
+/// A rustls client configuration for `opts` allowing `versions` (QUIC asks for TLS 1.3 only
+/// and adds its ALPN).
+pub(crate) fn rustls_config(
+    opts: &TlsOptions,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> io::Result<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map_err(io::Error::other)?;
     let builder = if opts.insecure {
         builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
@@ -94,7 +103,7 @@ fn build_client_config(opts: &TlsOptions) -> io::Result<Arc<ClientConfig>> {
             ))
         }
     };
-    Ok(Arc::new(config))
+    Ok(config)
 }
 
 /// Runs the TLS handshake on `stream` to `host` (or `opts.server_name`).
