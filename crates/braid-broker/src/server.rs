@@ -121,7 +121,12 @@ impl Server {
         let admission = Arc::new(Admission::new(&self.broker, &connections, lot.clone()));
         self.listeners.spawn(&self.broker, &connections, &admission);
         if let Some(endpoint) = &self.quic {
-            tokio::spawn(quic::accept(endpoint.clone(), self.broker.clone(), connections.clone()));
+            tokio::spawn(quic::accept(
+                endpoint.clone(),
+                self.broker.clone(),
+                connections.clone(),
+                admission.clone(),
+            ));
         }
         loop {
             admission.pace().await;

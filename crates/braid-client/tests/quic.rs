@@ -107,3 +107,15 @@ async fn open_stream_needs_quic() {
     let tcp = b.client(V5, "tcp").await;
     assert!(matches!(tcp.open_stream(1).await, Err(Error::Protocol(_))));
 }
+
+#[tokio::test]
+async fn quic_connections_count_towards_the_connection_limit() {
+    let mut config = Config::embedded();
+    config.limits.max_connections = 1;
+    let b = start(config).await;
+    let (first, _) = connect(quic_options(&b, "only-one")).await;
+    let second = quic_options(&b, "one-too-many");
+    let refused = tokio::time::timeout(WAIT, Client::connect(second)).await.expect("refusal timed out");
+    assert!(refused.is_err(), "a second connection was accepted over the limit");
+    first.disconnect(ReasonCode::Success).await.unwrap();
+}

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tracing::info;
 
+use crate::admission::Admission;
 use crate::broker::Broker;
 use crate::config::Config;
 
@@ -53,14 +54,22 @@ pub(crate) fn bind(config: &Config) -> io::Result<quinn::Endpoint> {
         .map_err(|e| io::Error::new(e.kind(), format!("listeners.quic: cannot listen on {addr}: {e}")))
 }
 
-/// Accepts QUIC connections until shutdown; each is served in a task of `connections`.
-pub(crate) async fn accept(endpoint: quinn::Endpoint, broker: Arc<Broker>, connections: TaskTracker) {
+/// Accepts QUIC connections until shutdown, within the connection limits every listener
+/// shares; each is served in a task of `connections`.
+pub(crate) async fn accept(
+    endpoint: quinn::Endpoint,
+    broker: Arc<Broker>,
+    connections: TaskTracker,
+    admission: Arc<Admission>,
+) {
     let addr: Option<SocketAddr> = endpoint.local_addr().ok();
     info!(transport = "quic", addr = ?addr, "listening for MQTT");
     loop {
+        admission.pace().await;
         tokio::select! {
             _ = broker.shutdown.cancelled() => break,
             incoming = endpoint.accept() => match incoming {
+                Some(incoming) if !admission.admit() => incoming.refuse(),
                 Some(incoming) => {
                     connections.spawn(connection::serve(broker.clone(), incoming));
                 }
