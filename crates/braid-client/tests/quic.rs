@@ -119,3 +119,33 @@ async fn quic_connections_count_towards_the_connection_limit() {
     assert!(refused.is_err(), "a second connection was accepted over the limit");
     first.disconnect(ReasonCode::Success).await.unwrap();
 }
+
+#[tokio::test]
+async fn quic_clients_are_authenticated() {
+    let mut config = Config::embedded();
+    config.auth.allow_anonymous = false;
+    let b = start(config).await;
+    // Anonymous access is off: a QUIC client without credentials is refused like a TCP one.
+    let anonymous = tokio::time::timeout(WAIT, Client::connect(quic_options(&b, "anon"))).await.unwrap();
+    assert!(
+        matches!(anonymous, Err(braid_client::Error::Refused(ReasonCode::NotAuthorized))),
+        "{anonymous:?}"
+    );
+}
+
+#[tokio::test]
+async fn quic_data_streams_follow_the_clients_acl() {
+    let rules = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(rules.path(), "allow user:alice both public/#\n").unwrap();
+    let mut config = Config::embedded();
+    config.acl.file = Some(rules.path().to_path_buf());
+    let b = start(config).await;
+    let mut o = quic_options(&b, "alice-quic");
+    o.username = Some("alice".into());
+    let (quic, _) = connect(o).await;
+    let stream = quic.open_stream(10).await.unwrap();
+    let options = SubscriptionOptions { qos: QoS::AtLeastOnce, ..Default::default() };
+    let filters = vec![("public/#".into(), options), ("secret/#".into(), options)];
+    let reasons = within(stream.subscribe(filters, Properties::default())).await.unwrap();
+    assert_eq!(reasons, vec![ReasonCode::GrantedQoS1, ReasonCode::NotAuthorized]);
+}
