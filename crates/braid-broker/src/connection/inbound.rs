@@ -272,8 +272,10 @@ impl<'a> Inbound<'a> {
             return close(ReasonCode::TopicNameInvalid, why);
         }
         Metrics::add(&self.broker.metrics.messages_received, 1);
+        // One clock read per PUBLISH: its rate, its expiry and any hold are measured from it.
+        let now = Instant::now();
         // Every PUBLISH, allowed or not, counts towards the rate; the pause starts after it.
-        if let Some(until) = self.limiter.on_publish(p.topic.len() + p.payload.len(), Instant::now()) {
+        if let Some(until) = self.limiter.on_publish(p.topic.len() + p.payload.len(), now) {
             self.pause = Some(Pause::Until(until));
         }
         if self.broker.memory.is_raised() {
@@ -297,7 +299,7 @@ impl<'a> Inbound<'a> {
             }
             return Flow::Continue;
         }
-        let msg = Message::from_publish(p, Instant::now(), self.session.id, self.session.client_id.clone());
+        let msg = Message::from_publish(p, now, self.session.id, self.session.client_id.clone());
         let (ack, mut ticket) = match qos {
             QoS::AtMostOnce => {
                 let _ = self.broker.publish(msg);
@@ -324,7 +326,7 @@ impl<'a> Inbound<'a> {
             self.ack(ack, ticket, out);
         } else {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
-            self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: Instant::now() }));
+            self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: now }));
         }
         Flow::Continue
     }
