@@ -11,26 +11,23 @@ use tracing::warn;
 use crate::broker::Broker;
 use crate::limits::TokenBucket;
 use crate::metrics::Metrics;
-use crate::park::ParkingLot;
 
 /// Connection limits for all listeners.
 #[derive(Debug)]
 pub struct Admission {
     broker: Arc<Broker>,
     connections: TaskTracker,
-    lot: Option<Arc<ParkingLot>>,
     rate: Option<Mutex<TokenBucket>>,
     last_refusal_log: Mutex<Option<Instant>>,
 }
 
 impl Admission {
-    /// Limits counting the tasks of `connections` and the connections parked in `lot`.
-    pub fn new(broker: &Arc<Broker>, connections: &TaskTracker, lot: Option<Arc<ParkingLot>>) -> Admission {
+    /// Limits counting the tasks of `connections` and the broker's parked connections.
+    pub fn new(broker: &Arc<Broker>, connections: &TaskTracker) -> Admission {
         let per_sec = broker.config.limits.max_connection_rate;
         Admission {
             broker: broker.clone(),
             connections: connections.clone(),
-            lot,
             rate: (per_sec > 0).then(|| Mutex::new(TokenBucket::new(f64::from(per_sec), Instant::now()))),
             last_refusal_log: Mutex::new(None),
         }
@@ -55,7 +52,7 @@ impl Admission {
     /// (counted in `$SYS/broker/connections/refused`, logged at most once a second).
     pub fn admit(&self) -> bool {
         let max = self.broker.config.limits.max_connections;
-        let open = self.connections.len() + self.lot.as_ref().map_or(0, |l| l.len());
+        let open = self.connections.len() + self.broker.parked();
         if max == 0 || open < max {
             return true;
         }

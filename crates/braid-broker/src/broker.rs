@@ -5,7 +5,7 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -23,6 +23,7 @@ use crate::control::ConnControl;
 use crate::limits::{topic_too_big, MemoryAlarm};
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
+use crate::park::ParkingLot;
 use crate::retained::Retained;
 use crate::router::{Router, SubEntry};
 use crate::session::{Enqueued, Link, Persist, QueueLimits, Restore, Session, SubscriptionRecord};
@@ -51,6 +52,8 @@ pub struct Broker {
     queue_limits: Arc<QueueLimits>,
     /// Where persistent sessions and retained messages are kept.
     pub store: Arc<dyn Store>,
+    /// Where idle plain-TCP connections park, once the server has started it.
+    lot: OnceLock<Arc<ParkingLot>>,
 }
 
 /// What became of a published message.
@@ -121,6 +124,7 @@ impl Broker {
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
             queue_limits,
+            lot: OnceLock::new(),
             store,
         })
     }
@@ -632,6 +636,16 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// Uses `lot` for idle connections (once; the server's parking lot).
+    pub fn set_parking_lot(&self, lot: &Arc<ParkingLot>) {
+        let _ = self.lot.set(lot.clone());
+    }
+
+    /// Connections parked now (see [`crate::park`]).
+    pub fn parked(&self) -> usize {
+        self.lot.get().map_or(0, |l| l.len())
     }
 
     /// Removes expired retained messages (from the store too).

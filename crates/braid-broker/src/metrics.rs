@@ -7,8 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Metrics {
     /// Clients connected now.
     pub clients_connected: AtomicU64,
-    /// Connected clients whose idle connection is parked now (see [`crate::park`]).
-    pub clients_parked: AtomicU64,
     /// Highest number of clients connected at once.
     pub clients_maximum: AtomicU64,
     /// PUBLISH packets received from clients.

@@ -81,6 +81,7 @@ impl ParkingLot {
             tasks,
             broker: Arc::downgrade(broker),
         });
+        broker.set_parking_lot(&lot);
         let watcher = lot.clone();
         std::thread::Builder::new().name("braid-park".into()).spawn(move || watcher.watch(&mut poll))?;
         Ok(lot)

@@ -118,7 +118,7 @@ impl Server {
                 }
             },
         };
-        let admission = Arc::new(Admission::new(&self.broker, &connections, lot.clone()));
+        let admission = Arc::new(Admission::new(&self.broker, &connections));
         self.listeners.spawn(&self.broker, &connections, &admission);
         if let Some(endpoint) = &self.quic {
             tokio::spawn(quic::accept(

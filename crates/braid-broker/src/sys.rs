@@ -41,7 +41,7 @@ fn publish_all(broker: &Broker) {
         ("$SYS/broker/clients/disconnected", sessions.saturating_sub(connected as usize).to_string()),
         ("$SYS/broker/clients/total", sessions.max(connected as usize).to_string()),
         ("$SYS/broker/clients/maximum", Metrics::get(&m.clients_maximum).to_string()),
-        ("$SYS/broker/clients/parked", Metrics::get(&m.clients_parked).to_string()),
+        ("$SYS/broker/clients/parked", broker.parked().to_string()),
         ("$SYS/broker/messages/received", Metrics::get(&m.messages_received).to_string()),
         ("$SYS/broker/messages/sent", Metrics::get(&m.messages_sent).to_string()),
         ("$SYS/broker/publish/messages/dropped", Metrics::get(&m.messages_dropped).to_string()),

@@ -5,7 +5,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use braid_broker::metrics::Metrics;
 use common::*;
 
 /// A broker whose idle connections park after one second.
@@ -15,12 +14,12 @@ async fn start_parking() -> TestBroker {
     start(config).await
 }
 
-fn parked(b: &TestBroker) -> u64 {
-    Metrics::get(&b.broker.metrics.clients_parked)
+fn parked(b: &TestBroker) -> usize {
+    b.broker.parked()
 }
 
 /// Waits (bounded) until `n` connections are parked.
-async fn until_parked(b: &TestBroker, n: u64) {
+async fn until_parked(b: &TestBroker, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(6);
     while parked(b) != n {
         assert!(Instant::now() < deadline, "expected {n} parked connections, have {}", parked(b));

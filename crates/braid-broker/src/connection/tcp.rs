@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
@@ -14,7 +13,6 @@ use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 use super::{handshake, Connection, Stop};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
-use crate::metrics::Metrics;
 use crate::park::{Parked, ParkingLot};
 
 /// Serves one TCP client; with a `lot`, the connection parks there while idle.
@@ -39,7 +37,6 @@ pub async fn serve(
 /// Carries on with a connection that was parked.
 pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
     let Parked { stream, accepted, version, aliases, acl } = parked;
-    broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
     let stream = match TcpStream::from_std(stream) {
         Ok(s) => s,
         Err(e) => {
@@ -78,14 +75,11 @@ async fn drive(
         Stop::End(ending) => ending,
         Stop::Park(aliases, acl) => {
             drop(conn);
-            // Counted before the lot can hand it back, so the gauge never dips below zero.
-            Metrics::add(&broker.metrics.clients_parked, 1);
             let parked = match accepted.ctl.lot().cloned() {
                 Some(lot) => lot.park(stream, accepted, version, aliases, acl),
                 None => Err((accepted, io::Error::other("parking is not enabled"))),
             };
             if let Err((accepted, e)) = parked {
-                broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
                 warn!(%peer, client_id = %accepted.session.client_id, "closing connection: cannot park it: {e}");
                 broker.disconnected(&accepted.session, accepted.generation, Ending::WithWill);
             }
