@@ -2,7 +2,8 @@
 //! client-certificate verification, versions), a [`Reloadable`] holder that swaps it when the
 //! files change or on SIGHUP, and the user name a client certificate carries.
 //!
-//! Every TLS-based listener (MQTT over TLS, WSS, QUIC) takes its config from here.
+//! The TLS and WSS listeners take their config from here; the QUIC listener loads its own
+//! certificate files (`[quic]`) with the same [`load_pair`].
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -47,14 +48,29 @@ fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, Tl
     Ok(certs)
 }
 
+/// A certificate chain and its private key.
+pub(crate) type CertifiedKey = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// The PEM certificate chain at `cert` and its private key at `key`; errors name the config
+/// key (`cert_key`, `key_key`) and the file.
+pub(crate) fn load_pair(
+    cert_key: &str,
+    cert: &Path,
+    key_key: &str,
+    key: &Path,
+) -> Result<CertifiedKey, TlsError> {
+    let certs = load_certs(cert_key, cert)?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| TlsError(format!("{key_key}: {}: {e}", key.display())))?;
+    Ok((certs, key))
+}
+
 /// Builds the server config `[tls]` describes (ring provider, TLS 1.2 and 1.3 unless
 /// `min_version` is 1.3, client certificates as `client_auth` says, no ALPN).
 pub fn server_config(cfg: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
     let cert_path = path("tls.cert", &cfg.cert)?;
     let key_path = path("tls.key", &cfg.key)?;
-    let certs = load_certs("tls.cert", cert_path)?;
-    let key = PrivateKeyDer::from_pem_file(key_path)
-        .map_err(|e| TlsError(format!("tls.key: {}: {e}", key_path.display())))?;
+    let (certs, key) = load_pair("tls.cert", cert_path, "tls.key", key_path)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let versions: &[&rustls::SupportedProtocolVersion] = match cfg.min_version {
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],

@@ -2,15 +2,13 @@
 //! certificate generated at startup when none is configured.
 
 use std::io;
+use std::path::Path;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 use tracing::warn;
 
 use crate::config::QuicConfig;
-
-/// A certificate chain and its private key.
-pub(crate) type CertifiedKey = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+use crate::tls::{load_pair, CertifiedKey};
 
 /// Loads `quic.cert_file`/`quic.key_file`, or generates a self-signed certificate for
 /// `localhost` and the loopback addresses when neither is set. Errors name the key.
@@ -18,18 +16,9 @@ pub(crate) fn load(cfg: &QuicConfig) -> io::Result<CertifiedKey> {
     if cfg.cert_file.is_empty() {
         return self_signed();
     }
-    let invalid = |key: &str, path: &str, e: &dyn std::fmt::Display| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: cannot load {path}: {e}"))
-    };
-    let chain = CertificateDer::pem_file_iter(&cfg.cert_file)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| invalid("quic.cert_file", &cfg.cert_file, &e))?;
-    if chain.is_empty() {
-        return Err(invalid("quic.cert_file", &cfg.cert_file, &"no CERTIFICATE block in the file"));
-    }
-    let key = PrivateKeyDer::from_pem_file(&cfg.key_file)
-        .map_err(|e| invalid("quic.key_file", &cfg.key_file, &e))?;
-    Ok((chain, key))
+    let pair =
+        load_pair("quic.cert_file", Path::new(&cfg.cert_file), "quic.key_file", Path::new(&cfg.key_file))?;
+    Ok(pair)
 }
 
 fn self_signed() -> io::Result<CertifiedKey> {
