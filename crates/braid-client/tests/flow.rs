@@ -25,14 +25,9 @@ async fn third_publish_waits_for_an_ack_with_max_inflight_2() {
     let server = FakeServer::new().await;
     let mut o = server.options(V5);
     o.max_inflight = 2;
-    let accept = tokio::spawn(async move {
-        let props =
-            Properties::from(braid_proto::PropertyValues { receive_maximum: Some(10), ..Default::default() });
-        let (conn, _) = server.accept_ok(false, props).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let props =
+        Properties::from(braid_proto::PropertyValues { receive_maximum: Some(10), ..Default::default() });
+    let FakeSession { client, server: _server, mut conn, .. } = server.connect_client(o, props).await;
 
     let h1 = within(client.publish(Message::new("w/1", "a", QoS::AtLeastOnce))).await.unwrap();
     let h2 = within(client.publish(Message::new("w/2", "b", QoS::ExactlyOnce))).await.unwrap();
@@ -68,14 +63,9 @@ async fn server_receive_maximum_caps_the_window() {
     let server = FakeServer::new().await;
     let mut o = server.options(V5);
     o.max_inflight = 100;
-    let accept = tokio::spawn(async move {
-        let props =
-            Properties::from(braid_proto::PropertyValues { receive_maximum: Some(1), ..Default::default() });
-        let (conn, _) = server.accept_ok(false, props).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let props =
+        Properties::from(braid_proto::PropertyValues { receive_maximum: Some(1), ..Default::default() });
+    let FakeSession { client, server: _server, mut conn, .. } = server.connect_client(o, props).await;
     let c2 = client.clone();
     let publisher = tokio::spawn(async move {
         let mut handles = Vec::new();
@@ -104,12 +94,8 @@ async fn publish_failures_resolve_the_handle_and_free_the_slot() {
     let server = FakeServer::new().await;
     let mut o = server.options(V5);
     o.max_inflight = 1;
-    let accept = tokio::spawn(async move {
-        let (conn, _) = server.accept_ok(false, Properties::default()).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, mut conn, .. } =
+        server.connect_client(o, Properties::default()).await;
     let h = within(client.publish(Message::new("f/1", "a", QoS::ExactlyOnce))).await.unwrap();
     let p = conn.expect_publish().await;
     conn.send(Packet::PubRec(Ack::with_reason(p.packet_id, ReasonCode::QuotaExceeded))).await;
@@ -126,18 +112,13 @@ async fn publish_failures_resolve_the_handle_and_free_the_slot() {
 async fn server_limits_from_connack_are_checked_before_sending() {
     let server = FakeServer::new().await;
     let o = server.options(V5);
-    let accept = tokio::spawn(async move {
-        let props = Properties::from(braid_proto::PropertyValues {
-            maximum_qos: Some(1),
-            retain_available: Some(0),
-            maximum_packet_size: Some(64),
-            ..Default::default()
-        });
-        let (conn, _) = server.accept_ok(false, props).await;
-        (server, conn)
+    let props = Properties::from(braid_proto::PropertyValues {
+        maximum_qos: Some(1),
+        retain_available: Some(0),
+        maximum_packet_size: Some(64),
+        ..Default::default()
     });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, mut conn, .. } = server.connect_client(o, props).await;
     let r = client.publish(Message::new("l/t", "x", QoS::ExactlyOnce)).await;
     assert!(matches!(r, Err(Error::Rejected(ReasonCode::QoSNotSupported))), "{r:?}");
     let r = client.publish(Message::new("l/t", "x", QoS::AtMostOnce).retain(true)).await;
@@ -156,12 +137,8 @@ async fn server_limits_from_connack_are_checked_before_sending() {
 async fn acks_are_sent_when_the_application_takes_the_message() {
     let server = FakeServer::new().await;
     let o = server.options(V311);
-    let accept = tokio::spawn(async move {
-        let (conn, _) = server.accept_ok(false, Properties::default()).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, mut conn, .. } =
+        server.connect_client(o, Properties::default()).await;
     conn.send(publish_packet(1, QoS::AtLeastOnce, "a/1", false)).await;
     conn.send(publish_packet(2, QoS::ExactlyOnce, "a/2", false)).await;
     conn.send(publish_packet(0, QoS::AtMostOnce, "a/0", false)).await;
@@ -181,12 +158,8 @@ async fn acks_are_sent_when_the_application_takes_the_message() {
 async fn inbound_qos2_is_delivered_exactly_once() {
     let server = FakeServer::new().await;
     let o = server.options(V5);
-    let accept = tokio::spawn(async move {
-        let (conn, _) = server.accept_ok(false, Properties::default()).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, mut conn, .. } =
+        server.connect_client(o, Properties::default()).await;
     conn.send(publish_packet(5, QoS::ExactlyOnce, "x/1", false)).await;
     // Resent before we acknowledged: not delivered again, not acknowledged yet.
     conn.send(publish_packet(5, QoS::ExactlyOnce, "x/1", true)).await;
@@ -246,12 +219,8 @@ async fn receive_maximum_2_bounds_unacked_deliveries_from_the_broker() {
 async fn a_full_event_queue_pauses_reading_but_not_writing_and_loses_nothing() {
     let server = FakeServer::new().await;
     let o = server.options(V5);
-    let accept = tokio::spawn(async move {
-        let (conn, _) = server.accept_ok(false, Properties::default()).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, mut conn, .. } =
+        server.connect_client(o, Properties::default()).await;
     // Far more than the event queue holds, while the application takes nothing.
     const N: u16 = 3000;
     for i in 0..N {

@@ -101,14 +101,9 @@ async fn reconnect_resends_unacked_publishes_with_dup_and_pubrel() {
         ..Default::default()
     });
     let props = assigned.clone();
-    let accept = tokio::spawn(async move {
-        let (conn, connect) = server.accept_ok(false, props).await;
-        assert!(connect.clean_start);
-        (server, conn)
-    });
-    let (client, connected) = connect(o).await;
+    let FakeSession { client, connected, server, mut conn, connect } = server.connect_client(o, props).await;
+    assert!(connect.clean_start);
     assert_eq!(connected.client_id, "assigned-1");
-    let (server, mut conn) = within(accept).await.unwrap();
 
     let h1 = within(client.publish(Message::new("d/1", "a", QoS::AtLeastOnce))).await.unwrap();
     let h2 = within(client.publish(Message::new("d/2", "b", QoS::ExactlyOnce))).await.unwrap();
@@ -162,12 +157,7 @@ async fn v311_reconnect_keeps_the_clean_session_choice() {
         let mut o = server.options(V311);
         o.clean_start = clean;
         o.reconnect = fast_reconnect(20);
-        let accept = tokio::spawn(async move {
-            let (conn, _) = server.accept_ok(false, Properties::default()).await;
-            (server, conn)
-        });
-        let (client, _) = connect(o).await;
-        let (server, conn) = within(accept).await.unwrap();
+        let FakeSession { client, server, conn, .. } = server.connect_client(o, Properties::default()).await;
         drop(conn);
         assert!(matches!(next_event(&client).await, Event::Disconnected(None)));
         let (_conn, connect) = server.accept_ok(!clean, Properties::default()).await;
@@ -180,12 +170,8 @@ async fn v311_reconnect_keeps_the_clean_session_choice() {
 async fn server_disconnect_is_surfaced_and_ends_a_client_without_reconnect() {
     let server = FakeServer::new().await;
     let o = server.options(V5);
-    let accept = tokio::spawn(async move {
-        let (conn, _) = server.accept_ok(false, Properties::default()).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, mut conn, .. } =
+        server.connect_client(o, Properties::default()).await;
     let h = within(client.publish(Message::new("t", "never acked", QoS::AtLeastOnce))).await.unwrap();
     conn.expect_publish().await;
     let properties = Properties::from(braid_proto::PropertyValues {
@@ -209,12 +195,8 @@ async fn disconnect_while_waiting_to_reconnect_stops_the_client() {
     let mut o = server.options(V5);
     o.reconnect =
         Some(Reconnect { initial_delay: Duration::from_secs(30), max_delay: Duration::from_secs(30) });
-    let accept = tokio::spawn(async move {
-        let (conn, _) = server.accept_ok(false, Properties::default()).await;
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, conn, .. } =
+        server.connect_client(o, Properties::default()).await;
     drop(conn);
     assert!(matches!(next_event(&client).await, Event::Disconnected(None)));
     within(client.disconnect(ReasonCode::Success)).await.unwrap();
@@ -226,13 +208,9 @@ async fn keep_alive_pings_and_gives_up_without_pingresp() {
     let server = FakeServer::new().await;
     let mut o = server.options(V311);
     o.keep_alive = 1;
-    let accept = tokio::spawn(async move {
-        let (conn, connect) = server.accept_ok(false, Properties::default()).await;
-        assert_eq!(connect.keep_alive, 1);
-        (server, conn)
-    });
-    let (client, _) = connect(o).await;
-    let (_server, mut conn) = within(accept).await.unwrap();
+    let FakeSession { client, server: _server, mut conn, connect, .. } =
+        server.connect_client(o, Properties::default()).await;
+    assert_eq!(connect.keep_alive, 1);
     for _ in 0..2 {
         assert_eq!(conn.recv_within(Duration::from_millis(1600)).await, Ok(Some(Packet::PingReq)));
         conn.send(Packet::PingResp).await;

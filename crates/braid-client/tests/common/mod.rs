@@ -133,6 +133,17 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 // ------------------------------------------------------------------------------------------------
 
 /// A listener that accepts clients and lets the test script the server side packet by packet.
+/// A client connected to a [`FakeServer`], and the server's side of it.
+pub struct FakeSession {
+    pub client: Client,
+    pub connected: Connected,
+    /// The server, for the client's next connection.
+    pub server: FakeServer,
+    pub conn: FakeConn,
+    /// The CONNECT the client sent.
+    pub connect: Connect,
+}
+
 pub struct FakeServer {
     listener: TcpListener,
     pub addr: SocketAddr,
@@ -169,6 +180,17 @@ impl FakeServer {
     }
 
     /// Accepts a connection and answers its CONNECT with a successful CONNACK.
+    /// Connects a client with `opts`; the server answers its CONNACK with `properties`.
+    pub async fn connect_client(self, opts: ClientOptions, properties: Properties) -> FakeSession {
+        let accept = tokio::spawn(async move {
+            let (conn, connect) = self.accept_ok(false, properties).await;
+            (self, conn, connect)
+        });
+        let (client, connected) = connect(opts).await;
+        let (server, conn, connect) = within(accept).await.unwrap();
+        FakeSession { client, connected, server, conn, connect }
+    }
+
     pub async fn accept_ok(&self, session_present: bool, properties: Properties) -> (FakeConn, Connect) {
         let (mut conn, connect) = self.accept().await;
         conn.send(Packet::ConnAck(ConnAck { session_present, reason: ReasonCode::Success, properties }))
