@@ -5,10 +5,10 @@
 //! notification, or on nothing at all once parked.
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use once_cell::race::OnceBox;
 use tokio::sync::Notify;
 
 use braid_proto::ReasonCode;
@@ -28,11 +28,12 @@ pub type CloseReason = (ReasonCode, Cow<'static, str>);
 pub struct ConnControl {
     notify: Notify,
     closed: AtomicBool,
-    reason: Mutex<Option<Box<CloseReason>>>,
-    /// Milliseconds (on the broker's clock) when bytes last arrived.
-    last_activity_ms: AtomicU64,
+    reason: OnceBox<CloseReason>,
+    /// Milliseconds (on the broker's clock, kept modulo 2^32: see [`since`]) when bytes last
+    /// arrived.
+    last_activity_ms: AtomicU32,
     /// Milliseconds when bytes last arrived or were written.
-    last_io_ms: AtomicU64,
+    last_io_ms: AtomicU32,
     /// Silence allowed before the keep alive expires (1.5 x keep alive); 0 = no keep alive.
     grace_ms: u32,
     /// The connection is held by backpressure: its silence is not the client's fault.
@@ -54,9 +55,9 @@ impl ConnControl {
         ConnControl {
             notify: Notify::new(),
             closed: AtomicBool::new(false),
-            reason: Mutex::new(None),
-            last_activity_ms: AtomicU64::new(now_ms),
-            last_io_ms: AtomicU64::new(now_ms),
+            reason: OnceBox::new(),
+            last_activity_ms: AtomicU32::new(now_ms as u32),
+            last_io_ms: AtomicU32::new(now_ms as u32),
             grace_ms: u32::from(keep_alive_secs) * 1500,
             held: AtomicBool::new(false),
             woken: AtomicBool::new(false),
@@ -97,7 +98,7 @@ impl ConnControl {
             || self.parked.load(Ordering::Relaxed) != NOT_PARKED
             || self.held.load(Ordering::Relaxed)
             || self.is_closed()
-            || now_ms.saturating_sub(self.last_io_ms.load(Ordering::Relaxed)) < after_ms
+            || since(now_ms, &self.last_io_ms) < after_ms
         {
             return;
         }
@@ -153,7 +154,7 @@ impl ConnControl {
 
     /// Asks the connection to close with `reason`, explained by `detail`.
     pub fn close_because(&self, reason: ReasonCode, detail: impl Into<Cow<'static, str>>) {
-        self.reason.lock().get_or_insert_with(|| Box::new((reason, detail.into())));
+        let _ = self.reason.set(Box::new((reason, detail.into())));
         self.closed.store(true, Ordering::Release);
         self.wake();
     }
@@ -165,26 +166,26 @@ impl ConnControl {
 
     /// Why the connection closes (server shutdown when no one said).
     pub fn reason(&self) -> ReasonCode {
-        self.reason.lock().as_ref().map_or(ReasonCode::ServerShuttingDown, |r| r.0)
+        self.reason.get().map_or(ReasonCode::ServerShuttingDown, |r| r.0)
     }
 
     /// Why the connection closes, with its detail.
     pub fn reason_with_detail(&self) -> CloseReason {
-        let r = self.reason.lock();
-        r.as_deref()
+        self.reason
+            .get()
             .cloned()
             .unwrap_or((ReasonCode::ServerShuttingDown, Cow::Borrowed("server shutting down")))
     }
 
     /// Bytes arrived at `now_ms`.
     pub fn touch(&self, now_ms: u64) {
-        self.last_activity_ms.store(now_ms, Ordering::Relaxed);
-        self.last_io_ms.store(now_ms, Ordering::Relaxed);
+        self.last_activity_ms.store(now_ms as u32, Ordering::Relaxed);
+        self.last_io_ms.store(now_ms as u32, Ordering::Relaxed);
     }
 
     /// Bytes were written at `now_ms`.
     pub fn wrote(&self, now_ms: u64) {
-        self.last_io_ms.store(now_ms, Ordering::Relaxed);
+        self.last_io_ms.store(now_ms as u32, Ordering::Relaxed);
     }
 
     /// Marks the connection as held by backpressure (or no longer, at `now_ms`).
@@ -198,12 +199,42 @@ impl ConnControl {
         if self.grace_ms == 0 || self.held.load(Ordering::Relaxed) || self.is_closed() {
             return;
         }
-        let silent = now_ms.saturating_sub(self.last_activity_ms.load(Ordering::Relaxed));
+        let silent = since(now_ms, &self.last_activity_ms);
         if silent >= u64::from(self.grace_ms) {
             self.close_because(
                 ReasonCode::KeepAliveTimeout,
                 format!("nothing received for {silent} ms (keep alive {} s)", self.grace_ms / 1500),
             );
         }
+    }
+}
+
+/// Milliseconds from the clock reading in `then` to `now_ms`. Readings are kept modulo 2^32
+/// (4 bytes instead of 8 per clock): differences stay exact up to 24 days, far beyond any keep
+/// alive (at most 1.5 x 65,535 s), and a reading a moment newer than `now_ms` (stored by the
+/// connection after the sweeper read the clock) counts as 0, not as 49 days.
+fn since(now_ms: u64, then: &AtomicU32) -> u64 {
+    let d = (now_ms as u32).wrapping_sub(then.load(Ordering::Relaxed));
+    if d > u32::MAX / 2 {
+        0
+    } else {
+        u64::from(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_survive_wrapping_and_races() {
+        let then = AtomicU32::new(u32::MAX - 5);
+        assert_eq!(since(u64::from(u32::MAX) + 10, &then), 15, "across the wrap");
+        assert_eq!(since(u64::from(u32::MAX) - 6, &then), 0, "a reading newer than now");
+        let ctl = ConnControl::new(1, 5 << 32);
+        ctl.expire_if_silent((5 << 32) + 1499);
+        assert!(!ctl.is_closed());
+        ctl.expire_if_silent((5 << 32) + 1500);
+        assert_eq!(ctl.reason(), ReasonCode::KeepAliveTimeout);
     }
 }

@@ -135,7 +135,7 @@ impl<'a> Inbound<'a> {
             return Ok((ids.insert(id), 0));
         }
         let mut st = self.session.lock();
-        if st.incoming_qos2.contains(&id) {
+        if st.incoming_qos2.contains(id) {
             return Ok((false, st.ticket()));
         }
         if st.incoming_qos2.len() >= max {

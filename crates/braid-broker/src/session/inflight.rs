@@ -29,8 +29,14 @@ pub struct Entry {
 /// The window of unacknowledged deliveries, in send order. Entries still to be resent on the
 /// current connection always follow the ones already sent: a resume marks every entry, resends
 /// go front to back, and new entries are only added once nothing is left to resend.
+///
+/// Made at the first delivery: a session that never gets a QoS 1/2 message (most idle devices)
+/// carries one pointer for it.
 #[derive(Debug, Default)]
-pub struct Inflight {
+pub struct Inflight(Option<Box<Window>>);
+
+#[derive(Debug, Default)]
+struct Window {
     entries: VecDeque<Entry>,
     next_id: u16,
     /// Entries at the back still to be resent (at most 65,535: one per packet id).
@@ -46,30 +52,107 @@ const SCAN_LIMIT: usize = 64;
 impl Inflight {
     /// Number of unacknowledged deliveries.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.0.as_ref().map_or(0, |w| w.entries.len())
     }
 
     /// True when nothing is in flight.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// Number of entries sent on the current connection (what counts against its window).
     pub fn sent(&self) -> usize {
-        self.entries.len() - usize::from(self.unsent)
+        self.0.as_ref().map_or(0, |w| w.entries.len() - usize::from(w.unsent))
     }
 
     /// Adds a delivery, sent now, with a fresh packet id (one not in use) and returns that id.
     pub fn push(&mut self, delivery: Delivery) -> u16 {
-        self.track_ids();
-        let id = self.free_id();
-        self.push_with_id(delivery, id, Stage::Published, false);
+        let w = self.window();
+        w.track_ids();
+        let id = w.free_id();
+        w.push_with_id(delivery, id, Stage::Published, false);
         id
     }
 
     /// Adds a delivery with packet id `id` (which must be free): sent now, or (`unsent`)
     /// restored from the store, to be resent.
     pub fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool) {
+        self.window().push_with_id(delivery, id, stage, unsent);
+    }
+
+    /// True if packet id `id` is in use.
+    pub fn in_use(&self, id: u16) -> bool {
+        self.0.as_ref().is_some_and(|w| w.in_use(id))
+    }
+
+    /// Takes every entry out (the session goes to disk).
+    pub fn drain(&mut self) -> impl Iterator<Item = Entry> {
+        self.0.take().map(|w| w.entries).unwrap_or_default().into_iter()
+    }
+
+    /// Store sequence number of the delivery with packet id `id` at `stage`.
+    pub fn seq_of(&self, id: u16, stage: Stage) -> Option<u64> {
+        let w = self.0.as_ref()?;
+        w.position(id, stage).map(|i| w.entries[i].delivery.seq)
+    }
+
+    /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. Returns its store
+    /// sequence number, or None if `id` is unknown.
+    pub fn complete(&mut self, id: u16, stage: Stage) -> Option<u64> {
+        let w = self.0.as_deref_mut()?;
+        let e = w.entries.remove(w.position(id, stage)?)?;
+        if e.unsent {
+            w.unsent -= 1;
+        }
+        if let Some(bits) = w.in_use.as_mut() {
+            set_bit(bits, id, false);
+        }
+        Some(e.delivery.seq)
+    }
+
+    /// PUBREC for `id`: move it to the PUBREL stage. False if `id` is unknown.
+    pub fn release(&mut self, id: u16) -> bool {
+        let Some(w) = self.0.as_deref_mut() else { return false };
+        match w.position(id, Stage::Published) {
+            Some(i) => {
+                w.entries[i].stage = Stage::Released;
+                true
+            }
+            None => w.position(id, Stage::Released).is_some(),
+        }
+    }
+
+    /// Marks every entry to be sent again (a client reconnected to the session).
+    pub fn mark_all_unsent(&mut self) {
+        if let Some(w) = self.0.as_deref_mut() {
+            for e in &mut w.entries {
+                e.unsent = true;
+            }
+            w.unsent = w.entries.len() as u16;
+        }
+    }
+
+    /// The oldest entry still to be resent on this connection, now marked sent.
+    pub fn next_unsent(&mut self) -> Option<&Entry> {
+        let w = self.0.as_deref_mut()?;
+        if w.unsent == 0 {
+            return None;
+        }
+        let i = w.entries.len() - usize::from(w.unsent);
+        w.unsent -= 1;
+        let e = &mut w.entries[i];
+        debug_assert!(e.unsent);
+        e.unsent = false;
+        Some(e)
+    }
+
+    fn window(&mut self) -> &mut Window {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl Window {
+    fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool) {
         debug_assert!(unsent || self.unsent == 0, "resends go first");
         self.track_ids();
         if let Some(bits) = self.in_use.as_mut() {
@@ -79,24 +162,11 @@ impl Inflight {
         self.entries.push_back(Entry { packet_id: id, delivery, stage, unsent });
     }
 
-    /// True if packet id `id` is in use.
-    pub fn in_use(&self, id: u16) -> bool {
+    fn in_use(&self, id: u16) -> bool {
         match &self.in_use {
             Some(bits) => bits[usize::from(id) / 64] & (1 << (id % 64)) != 0,
             None => self.entries.iter().any(|e| e.packet_id == id),
         }
-    }
-
-    /// Takes every entry out (the session goes to disk).
-    pub fn drain(&mut self) -> impl Iterator<Item = Entry> + '_ {
-        self.unsent = 0;
-        self.in_use = None;
-        self.entries.drain(..)
-    }
-
-    /// Store sequence number of the delivery with packet id `id` at `stage`.
-    pub fn seq_of(&self, id: u16, stage: Stage) -> Option<u64> {
-        self.position(id, stage).map(|i| self.entries[i].delivery.seq)
     }
 
     /// Switches to the id bitmap once the window is large.
@@ -124,51 +194,6 @@ impl Inflight {
 
     fn position(&self, id: u16, stage: Stage) -> Option<usize> {
         self.entries.iter().position(|e| e.packet_id == id && e.stage == stage)
-    }
-
-    /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. Returns its store
-    /// sequence number, or None if `id` is unknown.
-    pub fn complete(&mut self, id: u16, stage: Stage) -> Option<u64> {
-        let e = self.entries.remove(self.position(id, stage)?)?;
-        if e.unsent {
-            self.unsent -= 1;
-        }
-        if let Some(bits) = self.in_use.as_mut() {
-            set_bit(bits, id, false);
-        }
-        Some(e.delivery.seq)
-    }
-
-    /// PUBREC for `id`: move it to the PUBREL stage. False if `id` is unknown.
-    pub fn release(&mut self, id: u16) -> bool {
-        match self.position(id, Stage::Published) {
-            Some(i) => {
-                self.entries[i].stage = Stage::Released;
-                true
-            }
-            None => self.position(id, Stage::Released).is_some(),
-        }
-    }
-
-    /// Marks every entry to be sent again (a client reconnected to the session).
-    pub fn mark_all_unsent(&mut self) {
-        for e in &mut self.entries {
-            e.unsent = true;
-        }
-        self.unsent = self.entries.len() as u16;
-    }
-
-    /// The oldest entry still to be resent on this connection, now marked sent.
-    pub fn next_unsent(&mut self) -> Option<&Entry> {
-        if self.unsent == 0 {
-            return None;
-        }
-        let i = self.entries.len() - usize::from(self.unsent);
-        self.unsent -= 1;
-        let e = &mut self.entries[i];
-        debug_assert!(e.unsent);
-        e.unsent = false;
-        Some(e)
     }
 }
 
@@ -200,10 +225,11 @@ mod tests {
 
     #[test]
     fn ids_skip_zero_and_ids_in_use() {
-        let mut w = Inflight { next_id: u16::MAX - 1, ..Default::default() };
+        let mut w = Inflight::default();
+        w.window().next_id = u16::MAX - 1;
         assert_eq!(w.push(delivery()), u16::MAX);
         assert_eq!(w.push(delivery()), 1);
-        w.next_id = 0;
+        w.window().next_id = 0;
         assert_eq!(w.push(delivery()), 2, "1 is in use");
     }
 
@@ -211,14 +237,14 @@ mod tests {
     fn large_windows_never_reuse_an_id_in_use() {
         let mut w = Inflight::default();
         let ids: Vec<u16> = (0..1000).map(|_| w.push(delivery())).collect();
-        assert!(w.in_use.is_some(), "switched to the bitmap");
+        assert!(w.window().in_use.is_some(), "switched to the bitmap");
         let mut seen = std::collections::HashSet::new();
         assert!(ids.iter().all(|id| seen.insert(*id)));
         // Free every other id, wrap around, and check new ids skip the ones still in use.
         for id in ids.iter().step_by(2) {
             assert!(w.complete(*id, Stage::Published).is_some());
         }
-        w.next_id = 0;
+        w.window().next_id = 0;
         for _ in 0..500 {
             let id = w.push(delivery());
             assert!(seen.insert(id) || ids.iter().step_by(2).any(|f| *f == id), "id {id} was in use");

@@ -4,6 +4,7 @@
 mod alias;
 mod inflight;
 mod persist;
+mod qos2;
 mod queue;
 mod state;
 
@@ -18,6 +19,7 @@ use braid_proto::ByteString;
 
 pub use alias::OutboundAliases;
 pub use persist::{Persist, Restore};
+pub use qos2::Qos2Ids;
 pub use queue::{Enqueued, OnDisk, Queue, QueueLimits};
 pub use state::{Link, Outbox, SessionState, SubscriptionRecord, Transmit};
 

@@ -15,6 +15,7 @@ use braid_proto::{
 use super::alias::{AliasUse, OutboundAliases};
 use super::inflight::{Inflight, Stage};
 use super::persist::{Persist, Restore};
+use super::qos2::Qos2Ids;
 use super::queue::{Enqueued, Queue, QueueLimits};
 use crate::control::ConnControl;
 use crate::message::{Delivery, StreamTag};
@@ -127,7 +128,7 @@ pub struct SessionState {
     /// Outbound QoS 1/2 awaiting acknowledgement.
     pub inflight: Inflight,
     /// Inbound QoS 2 packet ids received and not yet released (exactly-once).
-    pub incoming_qos2: SmallSet<u16>,
+    pub incoming_qos2: Qos2Ids,
     /// The attached connection, if the client is online.
     pub link: Option<Link>,
     /// Session Expiry Interval in seconds (`u32::MAX` never expires).
@@ -151,7 +152,7 @@ impl SessionState {
             subscriptions: SmallMap::default(),
             queue: Queue::new(limits),
             inflight: Inflight::default(),
-            incoming_qos2: SmallSet::default(),
+            incoming_qos2: Qos2Ids::default(),
             link: None,
             expiry_secs: 0,
             will: None,
@@ -282,7 +283,7 @@ impl SessionState {
 
     /// PUBREL for inbound `id`: true if it was known.
     pub fn release_qos2(&mut self, id: u16) -> bool {
-        let known = self.incoming_qos2.remove(&id);
+        let known = self.incoming_qos2.remove(id);
         if let (true, Some(p)) = (known, self.persist.as_deref_mut()) {
             p.incoming_qos2(id, false);
         }
