@@ -95,13 +95,17 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("braid: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = config.runtime.workers(cores);
+    let runtime =
+        match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("braid: cannot start the runtime: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+    tracing::info!(workers, cores, "worker threads (runtime.worker_threads)");
     runtime.block_on(async move {
         let server = match Server::bind(config).await {
             Ok(s) => s,
