@@ -150,25 +150,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
         if this.sent < this.out.len() || this.unflushed {
             let _ = this.poll_send(cx);
         }
+        let entry = buf.filled().len();
         loop {
+            let decoded = buf.filled().len() > entry;
             match this.read_end {
+                // What was decoded goes first; the end shows on the next read.
+                Some(_) if decoded => return Poll::Ready(Ok(())),
                 Some(Ok(())) => return Poll::Ready(Ok(())),
                 Some(Err(v)) => return Poll::Ready(Err(violation_error(v))),
                 None if buf.remaining() == 0 => return Poll::Ready(Ok(())),
                 None => {}
             }
-            let start = buf.filled().len();
+            let (start, room) = (buf.filled().len(), buf.remaining());
             if this.early.is_empty() {
-                ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-                if buf.filled().len() == start {
-                    this.read_end = Some(Ok(()));
-                    return Poll::Ready(Ok(()));
+                match Pin::new(&mut this.inner).poll_read(cx, buf) {
+                    Poll::Ready(Ok(())) if buf.filled().len() == start => {
+                        this.read_end = Some(Ok(()));
+                        continue;
+                    }
+                    Poll::Ready(Ok(())) => {}
+                    // An error shows on the next read, after what was decoded.
+                    Poll::Ready(Err(_)) | Poll::Pending if decoded => return Poll::Ready(Ok(())),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
                 }
             } else {
-                let n = this.early.len().min(buf.remaining());
+                let n = this.early.len().min(room);
                 buf.put_slice(&this.early[..n]);
                 this.early.drain(..n);
             }
+            let read = buf.filled().len() - start;
             match this.decoder.decode(&mut buf.filled_mut()[start..]) {
                 Ok(n) => buf.set_filled(start + n),
                 Err(v) => {
@@ -187,7 +198,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
             if this.sent < this.out.len() {
                 let _ = this.poll_send(cx);
             }
-            if buf.filled().len() > start {
+            // A read that filled all the room offered may have left more behind: read on into
+            // the room the frame headers freed, so the caller sees reads as full as on TCP.
+            if buf.filled().len() > entry && read < room {
                 return Poll::Ready(Ok(()));
             }
         }
@@ -226,5 +239,100 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
         }
         ready!(this.poll_send(cx))?;
         Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio_tungstenite::tungstenite::handshake::server::NoCallback;
+
+    const UPGRADE: &[u8] =
+        b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+    /// A server and a client WebSocket connected to each other.
+    async fn pair() -> (WsStream<DuplexStream>, WsStream<DuplexStream>) {
+        let (a, b) = tokio::io::duplex(16 * 1024);
+        let (server, client) = tokio::join!(
+            WsStream::accept(a, NoCallback, 1 << 20),
+            WsStream::connect("ws://localhost/mqtt", b, 1 << 20)
+        );
+        (server.unwrap(), client.unwrap().0)
+    }
+
+    /// Frames as a client sends them, written past the client's `WsStream`.
+    async fn send_raw(client: &mut WsStream<DuplexStream>, frames: &[(u8, &[u8])]) {
+        let mut wire = Vec::new();
+        for (opcode, payload) in frames {
+            frame::encode(&mut wire, Role::Client, *opcode, payload);
+        }
+        client.inner.write_all(&wire).await.unwrap();
+    }
+
+    /// The next `n` raw bytes the server sent to `client`.
+    async fn recv_raw(client: &mut WsStream<DuplexStream>, n: usize) -> Vec<u8> {
+        let mut got = vec![0; n];
+        client.inner.read_exact(&mut got).await.unwrap();
+        got
+    }
+
+    /// Writes `data` on `from` and reads it on `to`.
+    async fn cross(from: &mut WsStream<DuplexStream>, to: &mut WsStream<DuplexStream>, data: &[u8]) {
+        let mut got = vec![0; data.len()];
+        let (sent, read) = tokio::join!(
+            async {
+                from.write_all(data).await?;
+                from.flush().await
+            },
+            to.read_exact(&mut got)
+        );
+        sent.unwrap();
+        read.unwrap();
+        assert!(got == data);
+    }
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways() {
+        let (mut server, mut client) = pair().await;
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        cross(&mut client, &mut server, &data).await;
+        cross(&mut server, &mut client, &data).await;
+    }
+
+    #[tokio::test]
+    async fn a_ping_is_answered_and_a_close_ends_the_stream() {
+        let (mut server, mut client) = pair().await;
+        send_raw(&mut client, &[(frame::PING, b"hi"), (frame::BINARY, b"x")]).await;
+        let mut got = [0u8; 8];
+        assert_eq!(server.read(&mut got).await.unwrap(), 1);
+        assert_eq!(recv_raw(&mut client, 4).await, [0x8A, 2, b'h', b'i'], "pong");
+        client.shutdown().await.unwrap();
+        assert_eq!(server.read(&mut got).await.unwrap(), 0, "end of stream");
+        assert_eq!(recv_raw(&mut client, 4).await, [0x88, 2, 0x03, 0xE8], "close 1000 echoed");
+        assert_eq!(server.write(b"late").await.unwrap_err().kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[tokio::test]
+    async fn a_text_frame_is_an_error_and_closes_with_1003() {
+        let (mut server, mut client) = pair().await;
+        send_raw(&mut client, &[(frame::TEXT, b"\xc0\x00")]).await;
+        let err = server.read(&mut [0u8; 8]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("text frame"), "{err}");
+        assert_eq!(recv_raw(&mut client, 4).await[..4], [0x88, 53, 0x03, 0xEB], "close 1003 and a reason");
+    }
+
+    #[tokio::test]
+    async fn frames_sent_with_the_upgrade_request_are_read() {
+        let (a, mut b) = tokio::io::duplex(16 * 1024);
+        let mut wire = UPGRADE.to_vec();
+        frame::encode(&mut wire, Role::Client, frame::BINARY, b"early");
+        b.write_all(&wire).await.unwrap();
+        let mut server = WsStream::accept(a, NoCallback, 1 << 20).await.unwrap();
+        let mut got = [0u8; 5];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"early");
     }
 }
