@@ -269,25 +269,22 @@ fn close_reply(payload: &[u8]) -> Result<Vec<u8>, Violation> {
     }
 }
 
-/// Moves `n` bytes of `buf` from `from` to `to` (`to <= from`), XORing them with `mask`
-/// (whose first byte applies to the first byte moved) if there is one.
+/// Moves `n` bytes of `buf` from `from` to `to`, then XORs them with `mask` (whose first byte
+/// applies to the first byte moved) if there is one.
 fn unmask(buf: &mut [u8], from: usize, to: usize, n: usize, mask: Option<[u8; 4]>) {
-    let Some(m) = mask else {
+    if from != to {
         buf.copy_within(from..from + n, to);
-        return;
-    };
-    // Eight bytes at a time: each chunk is read before it is written, and a write never
-    // reaches bytes not yet read because `to <= from`.
-    let wide = u64::from_ne_bytes([m[0], m[1], m[2], m[3], m[0], m[1], m[2], m[3]]);
-    let mut i = 0;
-    while i + 8 <= n {
-        let word = u64::from_ne_bytes(buf[from + i..from + i + 8].try_into().expect("8 bytes")) ^ wide;
-        buf[to + i..to + i + 8].copy_from_slice(&word.to_ne_bytes());
-        i += 8;
     }
-    while i < n {
-        buf[to + i] = buf[from + i] ^ m[i % 4];
-        i += 1;
+    let Some(m) = mask else { return };
+    // Eight bytes at a time over exact chunks, which the compiler turns into vector code.
+    let wide = u64::from_ne_bytes([m[0], m[1], m[2], m[3], m[0], m[1], m[2], m[3]]);
+    let mut chunks = buf[to..to + n].chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        let word = u64::from_ne_bytes((&*chunk).try_into().expect("8 bytes")) ^ wide;
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
+        *b ^= m[i % 4];
     }
 }
 

@@ -5,8 +5,8 @@
 //! mean nothing: one packet may span several messages and one message may hold several packets.
 //! tungstenite does the HTTP upgrade; the frames are Braid's own ([`frame`]): reading yields the
 //! payload of binary frames as it arrives, unmasked in place, so a reader sees the bytes of a
-//! large message while they trickle in, exactly as on TCP. Each write becomes one binary frame.
-//! Pings are answered with pongs, a close frame with a close frame and then end of stream, and
+//! large message while they trickle in, exactly as on TCP. Each write becomes one binary frame
+//! (of at most 64 KiB). Pings are answered with pongs, a close frame with a close frame and then end of stream, and
 //! a text frame or any other protocol violation is an error after which the connection is
 //! closed with the matching status code (MQTT-6.0.0-1 for text).
 
