@@ -1,7 +1,8 @@
 """MQTT over TLS, WebSocket and WebSocket over TLS, driven by independent clients: paho-mqtt (TLS
 1.2 and 1.3, client certificates, websockets transport), mosquitto_pub/_sub with --cafile,
-MQTT.js from Node and from a page in headless Chromium, `braid pub/sub`, and a hand-made
-WebSocket client that splits and coalesces MQTT packets across frames.
+MQTT.js from Node and from a page in headless Chromium, `braid pub/sub`, a hand-made
+WebSocket client that splits and coalesces MQTT packets across frames, and websocket-client
+uploading one large frame slowly.
 
 Certificates are made at test time (see pki.py). These listeners are Braid's configuration, so
 the module is ``braid_only``.
@@ -15,9 +16,11 @@ import socket
 import ssl
 import struct
 import subprocess
+import time
 import types
 
 import pytest
+import websocket
 
 import helpers
 from conftest import BRAID_BIN, free_port, wait_for_port
@@ -375,6 +378,38 @@ def test_websocket_text_frame_closes_the_connection(tls_broker):
                 assert opcode in (0x8, 0x2), opcode
                 if opcode == 0x8:
                     raise ConnectionError("closed")
+    finally:
+        ws.close()
+
+
+def test_slow_upload_in_one_frame_keeps_a_websocket_client_alive(tls_broker, connect):
+    """websocket-client sends one 300 KB PUBLISH in a single binary frame, trickled over about
+    5 s, with keep alive 2: every byte that arrives counts as liveness, as on TCP, so the client
+    is not dropped after 3 s and the message is delivered."""
+    b = tls_broker()
+    topic = unique("ws-slow")
+    watcher = connect(b, protocol=MQTTv311)
+    watcher.subscribe(topic, qos=1)
+    ws = websocket.create_connection(f"ws://127.0.0.1:{b.ws_port}/mqtt", subprotocols=["mqtt"],
+                                     timeout=TIMEOUT)
+    try:
+        ws.send_binary(helpers.connect_packet(unique("ws-slow-pub"), keepalive=2))
+        assert ws.recv()[0] >> 4 == helpers.CONNACK
+        payload = bytes(i * 7 % 251 for i in range(300_000))
+        packet = helpers.publish_packet(topic, payload, qos=1, packet_id=7)
+        frame = websocket.ABNF.create_frame(packet, websocket.ABNF.OPCODE_BINARY).format()
+        step = -(-len(frame) // 50)
+        started = time.monotonic()
+        for i in range(0, len(frame), step):
+            if i:
+                time.sleep(0.1)
+            ws.sock.sendall(frame[i:i + step])
+        assert time.monotonic() - started > 4, "the frame took longer than 1.5 x keep alive"
+        assert ws.recv()[0] >> 4 == helpers.PUBACK
+        [m] = watcher.wait_messages(1)
+        assert m.payload == payload
+        ws.send_binary(helpers.pingreq_packet())
+        assert ws.recv()[0] >> 4 == 13, "PINGRESP: still connected"
     finally:
         ws.close()
 

@@ -7,7 +7,6 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use braid_proto::tokio_tungstenite::client_async_with_config;
 use braid_proto::tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use braid_proto::tokio_tungstenite::tungstenite::http::HeaderValue;
 use braid_proto::{ProtocolVersion, WriteThrough, WsStream};
@@ -98,12 +97,10 @@ where
     let subprotocol = if opts.version == ProtocolVersion::V3_1 { "mqttv3.1" } else { "mqtt" };
     request.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_static(subprotocol));
     let max_message = opts.max_packet_size.map_or(MQTT_MAX_MESSAGE, |m| (m as usize).max(16 << 20));
-    let (ws, _) = client_async_with_config(request, stream, Some(WsStream::<S>::config(max_message)))
-        .await
-        .map_err(|e| {
+    let (ws, _) = WsStream::connect(request, stream, max_message).await.map_err(|e| {
         io::Error::new(io::ErrorKind::ConnectionRefused, format!("WebSocket handshake with {url}: {e}"))
     })?;
-    Ok(WsStream::new(ws))
+    Ok(ws)
 }
 
 impl AsyncRead for ReadHalf {

@@ -16,7 +16,7 @@ pub mod topic;
 #[cfg(feature = "tokio")]
 mod write_through;
 #[cfg(feature = "websocket")]
-mod ws_stream;
+mod ws;
 
 pub use bytes::{Bytes, BytesMut};
 pub use bytestring::ByteString;
@@ -31,4 +31,4 @@ pub use tokio_tungstenite;
 #[cfg(feature = "tokio")]
 pub use write_through::WriteThrough;
 #[cfg(feature = "websocket")]
-pub use ws_stream::WsStream;
+pub use ws::WsStream;

@@ -8,7 +8,6 @@
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use braid_proto::tokio_tungstenite::accept_hdr_async_with_config;
 use braid_proto::tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use braid_proto::tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use braid_proto::WsStream;
@@ -71,9 +70,7 @@ where
             Err(()) => Err(refusal(StatusCode::BAD_REQUEST, "subprotocol must be mqtt or mqttv3.1".into())),
         }
     };
-    let ws_config = WsStream::<S>::config(max_message(config));
-    let ws = accept_hdr_async_with_config(stream, check, Some(ws_config)).await.map_err(|e| e.to_string())?;
-    Ok(WsStream::new(ws))
+    WsStream::accept(stream, check, max_message(config)).await.map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
