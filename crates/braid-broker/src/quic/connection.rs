@@ -173,6 +173,7 @@ impl Streams {
             generation: a.generation,
             version,
             held: Arc::new(AtomicUsize::new(0)),
+            window: Arc::new(AtomicUsize::new(0)),
             acl,
         };
         let control_index = control.recv.id().index();
@@ -264,7 +265,8 @@ impl Streams {
                             return Ending::WithWill;
                         }
                     };
-                    if index == self.control {
+                    let fatal = matches!(&end, StreamEnd::Failed(r, _) if stream::ends_connection(*r));
+                    if index == self.control || fatal {
                         return match end {
                             StreamEnd::Ended(ending) => {
                                 ctl.close(ReasonCode::Success);
