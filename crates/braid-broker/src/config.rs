@@ -176,6 +176,9 @@ pub struct QuicConfig {
     pub migration: bool,
     /// Seconds without any packet after which a QUIC connection is dropped.
     pub idle_timeout_secs: u64,
+    /// Pacing of what the broker sends to each QUIC client: `adaptive`, `off`, or packets per
+    /// second.
+    pub pacing: String,
 }
 
 impl Default for QuicConfig {
@@ -187,6 +190,7 @@ impl Default for QuicConfig {
             zero_rtt: true,
             migration: true,
             idle_timeout_secs: 60,
+            pacing: "adaptive".into(),
         }
     }
 }
@@ -571,6 +575,9 @@ impl Config {
                 "quic.cert_file",
                 "quic.cert_file and quic.key_file go together: set both or neither",
             );
+        }
+        if let Err(e) = self.quic.pacing.parse::<braid_pacing::Pacing>() {
+            return bad("quic.pacing", &e);
         }
         if self.quic.idle_timeout_secs == 0 {
             return bad("quic.idle_timeout_secs", "must be at least 1");

@@ -1,61 +1,13 @@
-//! Send pacing for MQTT over QUIC on policed links.
-//!
-//! A link that polices packets (a token bucket that drops what exceeds it, like iptables
-//! `limit` or a mobile operator's rate cap) and adds almost no delay defeats a window-based
-//! congestion controller: acknowledgements come back at once, so every packet after an ACK
-//! goes out while the policer has no token left and is dropped, retransmissions included. A
-//! small urgent stream then waits for the same lost data again and again (seed 000,
-//! `bench/HOL.md`). Pacing datagrams at the rate the link delivers keeps every packet within
-//! the policer's budget, and because quinn builds a packet only when the socket takes it, the
-//! highest-priority stream's data goes into the next packet that leaves.
-//!
-//! [`PacedSocket`] wraps the UDP socket with a token bucket in packets per second;
-//! [`Governor`] (wrapping quinn's Cubic) sets the rate from what the connection sees: it stays
-//! off until a quarter of the data sent is lost, then paces at the delivered rate, probes 10 %
-//! higher while losses stay under 2 %, and turns itself off again if pacing does not bring the
-//! losses down (random loss, not a policer) or the rate outgrows any policer.
+//! The governor: a quinn congestion controller wrapping Cubic (which still sets the window)
+//! that judges each interval's losses and sets the pacing rate of its connection's [`Pace`].
 
 use std::any::Any;
-use std::fmt;
-use std::future::Future;
-use std::io::{self, IoSliceMut};
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quinn::congestion::{Controller, ControllerFactory, CubicConfig};
-use quinn::udp::{RecvMeta, Transmit};
-use quinn::{AsyncUdpSocket, UdpPoller};
 
-/// How a QUIC client paces the datagrams it sends.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Pacing {
-    /// No pacing until heavy loss shows a policer, then at the rate the link delivers.
-    #[default]
-    Adaptive,
-    /// Never paced beyond quinn's own congestion control.
-    Off,
-    /// At most this many packets per second, always (a link with a known packet budget).
-    Fixed(u32),
-}
-
-impl std::str::FromStr for Pacing {
-    type Err = String;
-
-    /// `adaptive`, `off`, or a number of packets per second.
-    fn from_str(s: &str) -> Result<Pacing, String> {
-        match s {
-            "adaptive" => Ok(Pacing::Adaptive),
-            "off" => Ok(Pacing::Off),
-            n => match n.parse::<u32>() {
-                Ok(n) if n > 0 => Ok(Pacing::Fixed(n)),
-                _ => Err(format!("{s:?}: expected adaptive, off, or packets per second (1 or more)")),
-            },
-        }
-    }
-}
+use crate::Pace;
 
 /// Lowest rate the governor paces at (packets per second).
 const MIN_RATE: f64 = 4.0;
@@ -77,154 +29,6 @@ const PROBE_GAIN: f64 = 1.1;
 const GIVE_UP: u32 = 8;
 const COOLDOWN: Duration = Duration::from_secs(30);
 
-/// A token bucket in packets: the rate (none: unlimited) and the tokens available.
-#[derive(Debug)]
-struct Bucket {
-    rate: Option<f64>,
-    tokens: f64,
-    last: Instant,
-}
-
-impl Bucket {
-    /// Burst allowed at `rate`: two packets, or 4 ms worth at high rates (timer granularity).
-    fn capacity(rate: f64) -> f64 {
-        (rate * 0.004).max(2.0)
-    }
-
-    fn refill(&mut self, now: Instant) {
-        if let Some(rate) = self.rate {
-            let earned = now.saturating_duration_since(self.last).as_secs_f64() * rate;
-            self.tokens = (self.tokens + earned).min(Bucket::capacity(rate));
-        }
-        self.last = now;
-    }
-
-    /// When a packet may go: `None` now, else the instant a token is there.
-    fn ready_at(&mut self, now: Instant) -> Option<Instant> {
-        self.refill(now);
-        let rate = self.rate?;
-        (self.tokens < 1.0).then(|| now + Duration::from_secs_f64((1.0 - self.tokens) / rate))
-    }
-}
-
-/// Shared handle on a bucket: the socket spends it, the governor sets its rate.
-#[derive(Clone, Debug)]
-pub(crate) struct Pace(Arc<Mutex<Bucket>>);
-
-impl Pace {
-    pub(crate) fn new(rate: Option<f64>) -> Pace {
-        let tokens = rate.map_or(0.0, Bucket::capacity);
-        Pace(Arc::new(Mutex::new(Bucket { rate, tokens, last: Instant::now() })))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Bucket> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn set_rate(&self, rate: Option<f64>) {
-        let mut b = self.lock();
-        b.refill(Instant::now());
-        if b.rate.is_none() {
-            b.tokens = rate.map_or(0.0, Bucket::capacity);
-        }
-        b.rate = rate;
-    }
-
-    /// The current rate in packets per second (none: not pacing).
-    pub(crate) fn rate(&self) -> Option<f64> {
-        self.lock().rate
-    }
-}
-
-/// A UDP socket that sends at most at its [`Pace`].
-#[derive(Debug)]
-pub(crate) struct PacedSocket {
-    inner: Arc<dyn AsyncUdpSocket>,
-    pace: Pace,
-}
-
-impl PacedSocket {
-    pub(crate) fn new(inner: Arc<dyn AsyncUdpSocket>, pace: Pace) -> PacedSocket {
-        PacedSocket { inner, pace }
-    }
-}
-
-impl AsyncUdpSocket for PacedSocket {
-    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
-        let inner = self.inner.clone().create_io_poller();
-        Box::pin(PacedPoller { socket: self, inner, timer: Box::pin(tokio::time::sleep(Duration::ZERO)) })
-    }
-
-    fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
-        let mut b = self.pace.lock();
-        if b.ready_at(Instant::now()).is_some() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        self.inner.try_send(transmit)?;
-        if b.rate.is_some() {
-            let segments = transmit.segment_size.map_or(1, |s| transmit.contents.len().div_ceil(s.max(1)));
-            b.tokens -= segments as f64;
-        }
-        Ok(())
-    }
-
-    fn poll_recv(
-        &self,
-        cx: &mut Context,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-    ) -> Poll<io::Result<usize>> {
-        self.inner.poll_recv(cx, bufs, meta)
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
-
-    /// One datagram per send while pacing (each spends a token), else segmentation offload.
-    fn max_transmit_segments(&self) -> usize {
-        if self.pace.rate().is_some() {
-            1
-        } else {
-            self.inner.max_transmit_segments()
-        }
-    }
-
-    fn max_receive_segments(&self) -> usize {
-        self.inner.max_receive_segments()
-    }
-
-    fn may_fragment(&self) -> bool {
-        self.inner.may_fragment()
-    }
-}
-
-/// Writable when the bucket has a token and the socket is writable.
-struct PacedPoller {
-    socket: Arc<PacedSocket>,
-    inner: Pin<Box<dyn UdpPoller>>,
-    timer: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl fmt::Debug for PacedPoller {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PacedPoller").finish_non_exhaustive()
-    }
-}
-
-impl UdpPoller for PacedPoller {
-    fn poll_writable(mut self: Pin<&mut Self>, cx: &mut Context) -> Poll<io::Result<()>> {
-        loop {
-            let Some(at) = self.socket.pace.lock().ready_at(Instant::now()) else { break };
-            self.timer.as_mut().reset(at.into());
-            if self.timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        }
-        self.inner.as_mut().poll_writable(cx)
-    }
-}
-
 /// Builds [`Governor`]s that set `pace`.
 pub(crate) struct GovernorFactory {
     pace: Pace,
@@ -245,7 +49,7 @@ impl ControllerFactory for GovernorFactory {
 }
 
 /// Cubic for the window, and the judge of losses for the pacing rate.
-pub(crate) struct Governor {
+struct Governor {
     cubic: Box<dyn Controller>,
     pace: Pace,
     judge: Judge,
@@ -438,27 +242,5 @@ mod tests {
         }
         assert_eq!(interval(&mut j, &mut t, 60, 40, rate), Some(None));
         assert_eq!(interval(&mut j, &mut t, 60, 40, None), None, "cooling down");
-    }
-
-    #[test]
-    fn pacing_parses_from_the_command_line_words() {
-        assert_eq!("adaptive".parse(), Ok(Pacing::Adaptive));
-        assert_eq!("off".parse(), Ok(Pacing::Off));
-        assert_eq!("25".parse(), Ok(Pacing::Fixed(25)));
-        assert!("0".parse::<Pacing>().unwrap_err().contains("packets per second"));
-        assert!("fast".parse::<Pacing>().is_err());
-    }
-
-    #[test]
-    fn the_bucket_spaces_packets_at_its_rate_after_a_burst_of_two() {
-        let pace = Pace::new(Some(10.0));
-        let now = Instant::now();
-        let mut b = pace.lock();
-        b.last = now;
-        assert_eq!(b.ready_at(now), None);
-        b.tokens -= 2.0;
-        let at = b.ready_at(now).expect("no token left");
-        assert!((at - now).as_secs_f64() > 0.09 && (at - now).as_secs_f64() <= 0.1);
-        assert_eq!(b.ready_at(now + Duration::from_millis(100)), None);
     }
 }
