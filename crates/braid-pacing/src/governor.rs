@@ -15,8 +15,11 @@ const MIN_RATE: f64 = 4.0;
 const MAX_RATE: f64 = 20_000.0;
 /// Shortest interval the governor judges losses over.
 const INTERVAL: Duration = Duration::from_millis(250);
-/// Fewest bytes acknowledged or lost in an interval for a judgement (8 full packets).
-const MIN_SAMPLE: u64 = 8 * 1200;
+/// Fewest packets sent in an interval for a judgement. Counted in packets, not bytes: a
+/// policer counts packets, and the loop it traps a sender in (a probe gets through, the
+/// retransmission right after its ACK does not) is made of small packets, as at the start of
+/// a connection, when a lost CONNECT or SUBACK is all there is to send (`bench/HOL.md`).
+const MIN_PACKETS: u64 = 8;
 /// Loss fraction that turns pacing on, and that keeps cutting the rate once on.
 const ENGAGE_LOSS: f64 = 0.25;
 /// Loss fraction above which a paced rate is cut to the delivered rate.
@@ -66,6 +69,7 @@ impl Governor {
 impl Controller for Governor {
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
         self.cubic.on_sent(now, bytes, last_packet_number);
+        self.judge.sent += 1;
     }
 
     fn on_ack(
@@ -129,6 +133,8 @@ struct Judge {
     acked: u64,
     acked_packets: u64,
     lost: u64,
+    /// Packets sent.
+    sent: u64,
     /// Some acknowledged packet was sent while the application had more to send.
     busy: bool,
     /// Intervals in a row of heavy loss while paced.
@@ -139,7 +145,16 @@ struct Judge {
 
 impl Judge {
     fn new(now: Instant) -> Judge {
-        Judge { start: now, acked: 0, acked_packets: 0, lost: 0, busy: false, heavy: 0, cooldown: None }
+        Judge {
+            start: now,
+            acked: 0,
+            acked_packets: 0,
+            lost: 0,
+            sent: 0,
+            busy: false,
+            heavy: 0,
+            cooldown: None,
+        }
     }
 
     fn acked(&mut self, bytes: u64, app_limited: bool) {
@@ -153,14 +168,15 @@ impl Judge {
     fn tick(&mut self, now: Instant, rate: Option<f64>) -> Option<Option<f64>> {
         let elapsed = now.saturating_duration_since(self.start);
         let total = self.acked + self.lost;
-        if elapsed < INTERVAL || (total < MIN_SAMPLE && elapsed < 8 * INTERVAL) {
+        let sent = self.sent;
+        if elapsed < INTERVAL || (sent < MIN_PACKETS && elapsed < 8 * INTERVAL) {
             return None;
         }
         let loss = if total == 0 { 0.0 } else { self.lost as f64 / total as f64 };
         let delivered = self.acked_packets as f64 / elapsed.as_secs_f64();
         let busy = self.busy;
         *self = Judge { start: now, heavy: self.heavy, cooldown: self.cooldown, ..Judge::new(now) };
-        if total < MIN_SAMPLE {
+        if sent < MIN_PACKETS || total == 0 {
             return None;
         }
         match rate {
@@ -199,12 +215,34 @@ mod tests {
         lost: u64,
         rate: Option<f64>,
     ) -> Option<Option<f64>> {
-        for _ in 0..acked {
-            j.acked(1200, false);
-        }
-        j.lost += lost * 1200;
+        sized(j, 1200, acked, lost);
         *t += INTERVAL;
         j.tick(*t, rate)
+    }
+
+    /// `acked` and `lost` packets of `size` bytes, all sent in this interval.
+    fn sized(j: &mut Judge, size: u64, acked: u64, lost: u64) {
+        for _ in 0..acked {
+            j.acked(size, false);
+        }
+        j.lost += lost * size;
+        j.sent += acked + lost;
+    }
+
+    #[test]
+    fn small_packets_caught_by_a_policer_turn_pacing_on_too() {
+        // The start of a connection behind a policer: a 40-byte probe gets through, the
+        // 60-byte retransmission sent right after its ACK is dropped, 30 times a second.
+        let mut t = Instant::now();
+        let mut j = Judge::new(t);
+        for _ in 0..8 {
+            j.acked(40, true);
+            j.lost += 60;
+            j.sent += 2;
+        }
+        t += INTERVAL;
+        let rate = j.tick(t, None).expect("judged").expect("pacing on");
+        assert!((rate - 32.0).abs() < 0.01, "{rate}");
     }
 
     #[test]
