@@ -730,5 +730,8 @@ mod tests {
     fn bad_enum_value_names_the_key() {
         let err = Config::load(None, &["shared.strategy=fastest".into()]).unwrap_err().to_string();
         assert!(err.contains("shared.strategy"), "{err}");
+        let err = Config::load(None, &["quic.pacing=\"fast\"".into()]).unwrap_err().to_string();
+        assert!(err.contains("quic.pacing") && err.contains("packets per second"), "{err}");
+        assert!(Config::load(None, &["quic.pacing=\"25\"".into()]).is_ok());
     }
 }

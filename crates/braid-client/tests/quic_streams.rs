@@ -444,3 +444,36 @@ async fn deliveries_across_streams_respect_the_subscriber_receive_maximum() {
         unacked.extend(more_x.into_iter().chain(more_y));
     }
 }
+
+#[tokio::test]
+async fn held_back_qos1_acknowledgements_count_against_receive_maximum_across_streams() {
+    let (b, tls) = broker_with(|config| {
+        config.mqtt.receive_maximum = 2;
+        config.session.max_queued_messages = 1;
+    })
+    .await;
+    // A subscriber that takes nothing: one delivery in flight, one queued, then its queue is full
+    // and every publisher to it is held (its PUBACK waits).
+    let mut opts = b.options(V5, "stuck");
+    opts.receive_maximum = 1;
+    let (stuck, _) = connect(opts).await;
+    subscribe(&stuck, "held/t", QoS::AtLeastOnce).await;
+    let (_e, conn) = dial(&b, &tls).await;
+    let mut control = connected(&conn, "held", 0).await;
+    let mut streams = [Stream::open(&conn).await, Stream::open(&conn).await, Stream::open(&conn).await];
+    for id in 1..=2 {
+        streams[0].send(publish_packet(id, "held/t", QoS::AtLeastOnce, vec![1])).await;
+        assert!(matches!(streams[0].expect().await, Packet::PubAck(a) if a.packet_id == id));
+    }
+    // Held: no PUBACK on the first two streams; that is two unacknowledged on the connection.
+    for s in &mut streams[..2] {
+        s.send(publish_packet(3, "held/t", QoS::AtLeastOnce, vec![2])).await;
+        assert!(tokio::time::timeout(QUIET, s.next()).await.is_err(), "PUBACK held back");
+    }
+    // A third, on a third stream: one more than Receive Maximum on the connection.
+    streams[2].send(publish_packet(3, "held/t", QoS::AtLeastOnce, vec![3])).await;
+    match control.expect().await {
+        Packet::Disconnect(d) => assert_eq!(d.reason, ReasonCode::ReceiveMaximumExceeded),
+        other => panic!("expected DISCONNECT 0x93, got {other:?}"),
+    }
+}

@@ -113,8 +113,8 @@ impl<'a> Inbound<'a> {
         self
     }
 
-    /// True if one more QoS 1/2 PUBLISH would exceed the Receive Maximum advertised in
-    /// CONNACK, counted over the whole connection.
+    /// True if one more QoS 2 PUBLISH would exceed the Receive Maximum advertised in CONNACK,
+    /// counted over the whole connection.
     fn window_full(&self, session_qos2: usize) -> bool {
         session_qos2 + self.window.used() >= usize::from(self.broker.config.mqtt.receive_maximum)
     }
@@ -328,10 +328,8 @@ impl<'a> Inbound<'a> {
                 return Flow::Continue;
             }
             QoS::AtLeastOnce => {
-                // Counted until its PUBACK is sent (at once, unless held or awaiting a commit).
-                if self.window_full(self.session.lock().incoming_qos2.len()) {
-                    return receive_maximum_exceeded();
-                }
+                // Counted until its PUBACK is sent: at once (then it never counts), unless held
+                // or awaiting a commit (checked below, once that is known).
                 self.window.take();
                 (Packet::PubAck(Ack::new(id)), 0)
             }
@@ -356,6 +354,13 @@ impl<'a> Inbound<'a> {
         } else {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
             self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: now }));
+        }
+        // A QoS 1 PUBLISH whose PUBACK waits counts against Receive Maximum.
+        if qos == QoS::AtLeastOnce && self.window.used() > 0 {
+            let unreleased = self.session.lock().incoming_qos2.len();
+            if unreleased + self.window.used() > usize::from(self.broker.config.mqtt.receive_maximum) {
+                return receive_maximum_exceeded();
+            }
         }
         Flow::Continue
     }
