@@ -178,6 +178,9 @@ pub struct QuicConfig {
     pub migration: bool,
     /// Seconds without any packet after which a QUIC connection is dropped.
     pub idle_timeout_secs: u64,
+    /// Pacing of what the broker sends to each QUIC client: `adaptive`, `off`, or packets per
+    /// second.
+    pub pacing: String,
 }
 
 impl Default for QuicConfig {
@@ -189,6 +192,7 @@ impl Default for QuicConfig {
             zero_rtt: true,
             migration: true,
             idle_timeout_secs: 60,
+            pacing: "adaptive".into(),
         }
     }
 }
@@ -609,6 +613,9 @@ impl Config {
                 "quic.cert_file and quic.key_file go together: set both or neither",
             );
         }
+        if let Err(e) = self.quic.pacing.parse::<braid_pacing::Pacing>() {
+            return bad("quic.pacing", &e);
+        }
         if self.quic.idle_timeout_secs == 0 {
             return bad("quic.idle_timeout_secs", "must be at least 1");
         }
@@ -769,5 +776,8 @@ mod tests {
     fn bad_enum_value_names_the_key() {
         let err = Config::load(None, &["shared.strategy=fastest".into()]).unwrap_err().to_string();
         assert!(err.contains("shared.strategy"), "{err}");
+        let err = Config::load(None, &["quic.pacing=\"fast\"".into()]).unwrap_err().to_string();
+        assert!(err.contains("quic.pacing") && err.contains("packets per second"), "{err}");
+        assert!(Config::load(None, &["quic.pacing=\"25\"".into()]).is_ok());
     }
 }

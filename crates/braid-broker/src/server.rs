@@ -55,7 +55,7 @@ pub struct Server {
     broker: Arc<Broker>,
     tcp: TcpListener,
     listeners: Listeners,
-    quic: Option<quinn::Endpoint>,
+    quic: Option<quic::Listener>,
 }
 
 impl Server {
@@ -88,7 +88,7 @@ impl Server {
 
     /// The UDP address the MQTT over QUIC listener is bound to, if enabled.
     pub fn quic_addr(&self) -> Option<SocketAddr> {
-        self.quic.as_ref().and_then(|e| e.local_addr().ok())
+        self.quic.as_ref().and_then(|q| q.endpoint.local_addr().ok())
     }
 
     /// The shared broker state.
@@ -120,9 +120,9 @@ impl Server {
         };
         let admission = Arc::new(Admission::new(&self.broker, &connections));
         self.listeners.spawn(&self.broker, &connections, &admission);
-        if let Some(endpoint) = &self.quic {
+        if let Some(listener) = &self.quic {
             tokio::spawn(quic::accept(
-                endpoint.clone(),
+                listener.clone(),
                 self.broker.clone(),
                 connections.clone(),
                 admission.clone(),
@@ -151,7 +151,7 @@ impl Server {
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;
-        if let Some(endpoint) = &self.quic {
+        if let Some(endpoint) = self.quic.as_ref().map(|q| &q.endpoint) {
             endpoint.close(0u32.into(), b"shutting down");
             let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
         }

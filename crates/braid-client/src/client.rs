@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 
 use braid_proto::topic::valid_topic_name;
 use braid_proto::{
@@ -64,19 +64,24 @@ impl Client {
         Ok(Client::start(opts, &ack, link, None))
     }
 
-    /// Runs the connection task for `link`, which has received `ack`.
+    /// Runs the connection task for `link`, which has received `ack`; a data stream (its
+    /// index, priority, and its connection's window) or the connection's own client.
     fn start(
         opts: ClientOptions,
         ack: &ConnAck,
         link: Link,
-        stream: Option<(u64, i32)>,
+        stream: Option<(u64, i32, Arc<Semaphore>)>,
     ) -> (Client, Connected) {
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_CAPACITY);
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
         let version = opts.version;
+        let (stream, window) = match stream {
+            Some((index, priority, window)) => (Some((index, priority)), Some(window)),
+            None => (None, None),
+        };
         let (conn, shared, connected) =
-            Connection::new(opts.clone(), ack, commands_rx, acks_rx, events_tx, stream.is_some());
+            Connection::new(opts.clone(), ack, commands_rx, acks_rx, events_tx, window);
         if stream.is_none() {
             *shared.quic.lock().unwrap_or_else(|e| e.into_inner()) = link.quic.clone();
         }
@@ -92,7 +97,9 @@ impl Client {
     /// subscriptions made on it (the broker sends them on this stream). What this side sends
     /// on the stream goes at `priority` (higher first, among the streams of the connection);
     /// v5 SUBSCRIBEs on it carry the user property `stream-priority` so the broker sends its
-    /// deliveries at the same priority. `disconnect` (or dropping every handle) finishes the
+    /// deliveries at the same priority. Its QoS 1/2 publishes take slots of the connection's
+    /// in-flight window (the server's Receive Maximum counts the whole connection, not a
+    /// stream). `disconnect` (or dropping every handle) finishes the
     /// stream only. The stream lives as long as the QUIC connection: after a reconnect, open
     /// new ones.
     ///
@@ -119,7 +126,7 @@ impl Client {
             rbuf: ReadBuffer::default(),
             quic: None,
         };
-        Ok(Client::start(opts, &ack, link, Some((index, priority))).0)
+        Ok(Client::start(opts, &ack, link, Some((index, priority, shared.window.clone()))).0)
     }
 
     /// Statistics of the QUIC connection: packets sent and lost, congestion window, RTT, PTOs

@@ -67,8 +67,9 @@ pub(crate) enum Incoming {
 /// State shared by the handles and the task.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// Free slots of the outbound QoS 1/2 window.
-    pub window: Semaphore,
+    /// Free slots of the outbound QoS 1/2 window; the data streams of a QUIC connection share
+    /// its window (the server's Receive Maximum counts the connection, not a stream).
+    pub window: Arc<Semaphore>,
     /// `disconnect` was called: do not reconnect.
     pub closing: AtomicBool,
     /// Wakes the task while it is offline (waiting to reconnect) when `closing` is set.
@@ -183,18 +184,20 @@ pub(crate) struct Connection {
 
 impl Connection {
     /// The task for a connection that just received `ack`, and the shared state for the
-    /// handles.
+    /// handles. A QUIC data stream is given its connection's window (`stream_of`) and takes
+    /// its publishes' slots from it.
     pub fn new(
         opts: ClientOptions,
         ack: &ConnAck,
         commands: mpsc::Receiver<Command>,
         acks: mpsc::UnboundedReceiver<Taken>,
         events: mpsc::Sender<Incoming>,
-        data_stream: bool,
+        stream_of: Option<Arc<Semaphore>>,
     ) -> (Connection, Arc<Shared>, Connected) {
         let window = window_for(&opts, ack);
+        let data_stream = stream_of.is_some();
         let shared = Arc::new(Shared {
-            window: Semaphore::new(window),
+            window: stream_of.unwrap_or_else(|| Arc::new(Semaphore::new(window))),
             closing: AtomicBool::new(false),
             close_notify: Notify::new(),
             max_packet_size: AtomicU32::new(u32::MAX),
@@ -771,9 +774,17 @@ impl Connection {
     /// The client is gone for good: fail whatever still waits.
     fn finish(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
-        self.shared.window.close();
-        for c in self.inflight.close() {
-            c.resolve();
+        if self.data_stream {
+            // The connection's window goes on: give back this stream's slots.
+            let open: Vec<Completion> = self.inflight.close().collect();
+            for c in open {
+                self.complete(c);
+            }
+        } else {
+            self.shared.window.close();
+            for c in self.inflight.close() {
+                c.resolve();
+            }
         }
         for (_, r) in self.requests.drain() {
             if let Some(done) = r.done {

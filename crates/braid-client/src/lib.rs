@@ -59,12 +59,12 @@ mod inbound;
 mod inflight;
 mod message;
 mod options;
-mod pacing;
 mod quic;
 mod tls;
 
 mod transport;
 
+pub use braid_pacing::Pacing;
 pub use braid_proto::{
     ByteString, Bytes, Properties, ProtocolVersion, Publish, QoS, ReasonCode, RetainHandling,
     SubscriptionOptions,
@@ -73,4 +73,3 @@ pub use client::{Client, PublishHandle};
 pub use error::Error;
 pub use message::{Connected, Event, Message};
 pub use options::{ClientOptions, QuicOptions, Reconnect, TlsOptions, Transport, Will};
-pub use pacing::Pacing;

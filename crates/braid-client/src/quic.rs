@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::pacing::{GovernorFactory, Pace, PacedSocket, Pacing};
+use braid_pacing::{PacedSocket, Pacing};
 
 /// ALPN protocol id of MQTT over QUIC.
 const ALPN: &[u8] = b"mqtt";
@@ -92,16 +92,8 @@ fn paced_endpoint(
     pacing: Pacing,
     config: &mut quinn::ClientConfig,
 ) -> io::Result<quinn::Endpoint> {
-    let rate = match pacing {
-        Pacing::Off => return quinn::Endpoint::client(bind),
-        Pacing::Adaptive => None,
-        Pacing::Fixed(n) => Some(f64::from(n.max(1))),
-    };
-    let pace = Pace::new(rate);
     let mut transport = transport_config();
-    if pacing == Pacing::Adaptive {
-        transport.congestion_controller_factory(Arc::new(GovernorFactory::new(pace.clone())));
-    }
+    let Some(pace) = pacing.configure(&mut transport) else { return quinn::Endpoint::client(bind) };
     config.transport_config(Arc::new(transport));
     let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
     let socket = runtime.wrap_udp_socket(std::net::UdpSocket::bind(bind)?)?;

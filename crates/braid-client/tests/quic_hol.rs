@@ -2,7 +2,8 @@
 //! producer reaches the broker over a path policed to 29 datagrams/s and publishes a small
 //! Topic1 message every 100 ms on a high-priority stream while a big Topic2 message is in
 //! flight on a low-priority one. Topic1 must keep flowing to the consumer, and nobody is
-//! disconnected.
+//! disconnected. And the same with the policer on the other side: the broker delivering
+//! Topic1 and a big Topic2 to a multi-stream QUIC subscriber behind it (the broker's pacing).
 
 mod common;
 
@@ -70,4 +71,101 @@ async fn topic1_keeps_flowing_over_quic_multi_stream_while_a_big_message_is_in_f
     // (without pacing, two thirds of the packets are lost).
     let stats = producer.quic_stats().expect("a QUIC connection");
     assert!(stats.path.lost_packets * 3 < stats.path.sent_packets, "{:?}", stats.path);
+}
+
+/// Topic1 every 100 ms and one big Topic2, published over a good path, delivered to a QUIC
+/// subscriber (Topic1 on a priority-200 stream, Topic2 on a priority-8 one) whose downlink is
+/// policed to 29 datagrams/s, with the broker's `quic.pacing`: Topic1's latencies, Topic1
+/// messages sent, whether Topic2 was still in flight at the end, and how long connecting and
+/// subscribing took (`None`: a SUBACK did not arrive within 20 s; nothing was published).
+async fn consumer_behind_a_policer(pacing: &str) -> (Vec<Duration>, u32, bool, Option<Duration>) {
+    let mut config = Config::embedded();
+    config.quic.pacing = pacing.into();
+    let b = start(config).await;
+    let proxy = udp_proxy(b.quic_addr.unwrap(), Shape::Open, Shape::Policed { packets_per_sec: 29 }).await;
+    let mut o = ClientOptions::new(proxy.ip().to_string(), proxy.port());
+    o.client_id = "consumer".into();
+    o.keep_alive = 60;
+    o.transport = Transport::Quic(QuicOptions { insecure: true, ..Default::default() });
+    let setup = Instant::now();
+    let (consumer, _) = connect(o).await;
+    let topic1 = consumer.open_stream(200).await.unwrap();
+    let topic2 = consumer.open_stream(8).await.unwrap();
+    let options = SubscriptionOptions { qos: QoS::AtLeastOnce, ..Default::default() };
+    for (stream, filter) in [(&topic1, "Topic1"), (&topic2, "Topic2")] {
+        let subscribing = stream.subscribe(vec![(filter.into(), options)], Properties::default());
+        match tokio::time::timeout(Duration::from_secs(20), subscribing).await {
+            Ok(granted) => assert!(!granted.unwrap()[0].is_error()),
+            Err(_) => return (Vec::new(), 0, false, None),
+        }
+    }
+    let setup = setup.elapsed();
+    let producer = b.client(V5, "producer").await;
+    producer.publish(Message::new("Topic2", vec![0u8; BIG], QoS::AtLeastOnce)).await.unwrap().await.unwrap();
+    let started = Instant::now();
+    let publisher = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut sent = 0u32;
+        while started.elapsed() < RUN {
+            tick.tick().await;
+            let stamp = started.elapsed().as_micros().to_string();
+            producer.publish(Message::new("Topic1", stamp, QoS::AtLeastOnce)).await.unwrap();
+            sent += 1;
+        }
+        sent
+    });
+    let mut latencies = Vec::new();
+    while started.elapsed() < RUN + Duration::from_millis(500) {
+        let Ok(Some(Event::Message(p))) =
+            tokio::time::timeout(Duration::from_millis(600), topic1.recv()).await
+        else {
+            continue;
+        };
+        let sent_at: u64 = std::str::from_utf8(&p.payload).unwrap().parse().unwrap();
+        latencies.push(started.elapsed().saturating_sub(Duration::from_micros(sent_at)));
+    }
+    let sent = publisher.await.unwrap();
+    let in_flight = tokio::time::timeout(Duration::from_millis(10), topic2.recv()).await.is_err();
+    expect_no_event(&consumer).await;
+    latencies.sort();
+    (latencies, sent, in_flight, Some(setup))
+}
+
+fn summary(latencies: &[Duration], sent: u32, setup: Option<Duration>) -> String {
+    let Some(setup) = setup else { return "no SUBACK within 20 s".into() };
+    let p = |q: usize| latencies.get((latencies.len() * q / 100).min(latencies.len().saturating_sub(1)));
+    format!(
+        "connected and subscribed in {setup:?}; {} of {sent} Topic1 messages, {:.2} msg/s, latency p50 {:?} p99 {:?}",
+        latencies.len(),
+        latencies.len() as f64 / RUN.as_secs_f64(),
+        p(50),
+        p(99)
+    )
+}
+
+#[tokio::test]
+async fn the_broker_paces_its_sending_to_a_quic_subscriber_behind_a_policer() {
+    let (latencies, sent, in_flight, setup) = consumer_behind_a_policer("adaptive").await;
+    let summary = summary(&latencies, sent, setup);
+    println!("broker pacing adaptive: {summary}");
+    assert!(setup.is_some_and(|s| s < Duration::from_secs(3)), "{summary}");
+    assert!(latencies.len() as u32 >= sent - 2, "{summary}");
+    assert!(latencies.len() as f64 / RUN.as_secs_f64() >= 9.5, "{summary}");
+    assert!(latencies[latencies.len() * 99 / 100] < Duration::from_secs(1), "{summary}");
+    assert!(in_flight, "Topic2 still in flight");
+}
+
+/// The comparison for bench/HOL.md (`cargo test -p braid-client --test quic_hol -- --ignored
+/// --nocapture`): without the broker's pacing, Topic1 to the policed subscriber stalls.
+#[tokio::test]
+#[ignore = "shows the problem the broker's pacing solves; prints its figures"]
+async fn without_broker_pacing_topic1_stalls_behind_the_policer() {
+    let (latencies, sent, _, setup) = consumer_behind_a_policer("off").await;
+    let summary = summary(&latencies, sent, setup);
+    println!("broker pacing off: {summary}");
+    let p99 = latencies.get(latencies.len() * 99 / 100).copied().unwrap_or(RUN);
+    assert!(
+        setup.is_none() || (latencies.len() as f64) < 0.9 * f64::from(sent) || p99 > Duration::from_secs(1),
+        "{summary}"
+    );
 }

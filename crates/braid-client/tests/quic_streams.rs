@@ -20,6 +20,16 @@ struct Tls {
 
 /// A broker whose QUIC listener uses a certificate the returned client configuration trusts.
 async fn broker(keep_alive_max: Option<u16>) -> (TestBroker, Tls) {
+    broker_with(|config| {
+        if let Some(max) = keep_alive_max {
+            config.mqtt.max_keep_alive = max;
+        }
+    })
+    .await
+}
+
+/// [`broker`] with `configure` applied to its configuration.
+async fn broker_with(configure: impl FnOnce(&mut Config)) -> (TestBroker, Tls) {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
@@ -28,9 +38,7 @@ async fn broker(keep_alive_max: Option<u16>) -> (TestBroker, Tls) {
     let mut config = Config::embedded();
     config.quic.cert_file = cert_file.display().to_string();
     config.quic.key_file = key_file.display().to_string();
-    if let Some(max) = keep_alive_max {
-        config.mqtt.max_keep_alive = max;
-    }
+    configure(&mut config);
     let b = start(config).await;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.cert.der().clone()).unwrap();
@@ -93,11 +101,15 @@ impl Stream {
 }
 
 fn connect_packet(client_id: &str, keep_alive: u16) -> Packet {
+    connect_with(client_id, keep_alive, Properties::default())
+}
+
+fn connect_with(client_id: &str, keep_alive: u16, properties: Properties) -> Packet {
     Packet::Connect(Box::new(Connect {
         protocol: V5,
         clean_start: true,
         keep_alive,
-        properties: Properties::default(),
+        properties,
         client_id: client_id.into(),
         will: None,
         username: None,
@@ -296,4 +308,172 @@ async fn a_resuming_client_connects_with_0rtt() {
     control.send(connect_packet("zero", 0)).await;
     assert!(matches!(control.expect().await, Packet::ConnAck(a) if a.reason == ReasonCode::Success));
     assert!(within(accepted).await, "the server accepted the 0-RTT CONNECT");
+}
+
+/// A broker advertising Receive Maximum 2.
+async fn receive_maximum_2() -> (TestBroker, Tls) {
+    broker_with(|config| config.mqtt.receive_maximum = 2).await
+}
+
+/// Sends QoS 2 PUBLISH `id` on `s` and expects its PUBREC.
+async fn publish_qos2(s: &mut Stream, id: u16) {
+    s.send(publish_packet(id, "rm", QoS::ExactlyOnce, vec![id as u8])).await;
+    assert!(
+        matches!(s.expect().await, Packet::PubRec(r) if r.packet_id == id && r.reason == ReasonCode::Success)
+    );
+}
+
+#[tokio::test]
+async fn receive_maximum_counts_the_connection_across_streams() {
+    let (b, tls) = receive_maximum_2().await;
+    let tcp = b.client(V5, "sub").await;
+    subscribe(&tcp, "rm", QoS::AtLeastOnce).await;
+    let (_e, conn) = dial(&b, &tls).await;
+    let mut control = connected(&conn, "within", 0).await;
+    let mut a = Stream::open(&conn).await;
+    let mut c = Stream::open(&conn).await;
+    // Within the window: two unreleased QoS 2 messages on the connection, one per stream, then
+    // released; twice over, on the control stream too.
+    async fn two_unreleased(first: &mut Stream, second: &mut Stream) {
+        publish_qos2(first, 1).await;
+        publish_qos2(second, 2).await;
+        for (s, id) in [(first, 1), (second, 2)] {
+            s.send(Packet::PubRel(Ack::new(id))).await;
+            assert!(matches!(s.expect().await, Packet::PubComp(r) if r.reason == ReasonCode::Success));
+        }
+    }
+    two_unreleased(&mut a, &mut c).await;
+    two_unreleased(&mut control, &mut c).await;
+    for _ in 0..4 {
+        next_message(&tcp).await;
+    }
+    // QoS 1 is acknowledged at once: it never waits, so any number may follow.
+    for id in 3..8 {
+        a.send(publish_packet(id, "rm", QoS::AtLeastOnce, vec![1])).await;
+        assert!(matches!(a.expect().await, Packet::PubAck(r) if r.packet_id == id));
+    }
+    control.send(Packet::PingReq).await;
+    assert!(matches!(control.expect().await, Packet::PingResp));
+
+    // Beyond it: two unreleased on one stream, a third on another: 0x93 for the connection.
+    let (_e, conn) = dial(&b, &tls).await;
+    let mut control = connected(&conn, "beyond", 0).await;
+    let mut a = Stream::open(&conn).await;
+    let mut c = Stream::open(&conn).await;
+    publish_qos2(&mut a, 1).await;
+    publish_qos2(&mut a, 2).await;
+    c.send(publish_packet(1, "rm", QoS::ExactlyOnce, vec![3])).await;
+    match control.expect().await {
+        Packet::Disconnect(d) => assert_eq!(d.reason, ReasonCode::ReceiveMaximumExceeded),
+        other => panic!("expected DISCONNECT 0x93, got {other:?}"),
+    }
+    within(conn.closed()).await;
+    assert!(c.next().await.is_err(), "no PUBREC for the third");
+}
+
+#[tokio::test]
+async fn a_client_with_two_data_streams_stays_within_the_connection_receive_maximum() {
+    let (b, _tls) = receive_maximum_2().await;
+    let tcp = b.client(V5, "sub").await;
+    subscribe(&tcp, "rm", QoS::AtLeastOnce).await;
+    let mut opts = b.options(V5, "two-streams");
+    opts.port = b.quic_addr.unwrap().port();
+    opts.transport =
+        braid_client::Transport::Quic(braid_client::QuicOptions { insecure: true, ..Default::default() });
+    let (client, _) = connect(opts).await;
+    let streams = [client.open_stream(1).await.unwrap(), client.open_stream(2).await.unwrap()];
+    // 20 QoS 2 messages pipelined on each stream: one window of 2 per stream would have 4
+    // unreleased at the broker and be disconnected.
+    let mut handles = Vec::new();
+    for i in 0..20u8 {
+        for s in &streams {
+            let msg = Message::new("rm", vec![i], QoS::ExactlyOnce);
+            handles.push(within(s.publish(msg)).await.unwrap());
+        }
+    }
+    for h in handles {
+        assert_eq!(within(h).await.unwrap(), ReasonCode::Success);
+    }
+    for _ in 0..40 {
+        next_message(&tcp).await;
+    }
+}
+
+#[tokio::test]
+async fn deliveries_across_streams_respect_the_subscriber_receive_maximum() {
+    let (b, tls) = broker(None).await;
+    let (_e, conn) = dial(&b, &tls).await;
+    let mut control = Stream::open(&conn).await;
+    let mut properties = Properties::default();
+    properties.receive_maximum = Some(2);
+    control.send(connect_with("narrow", 0, properties)).await;
+    assert!(matches!(control.expect().await, Packet::ConnAck(a) if a.reason == ReasonCode::Success));
+    let mut x = Stream::open(&conn).await;
+    let mut y = Stream::open(&conn).await;
+    for (s, topic) in [(&mut x, "rx/x"), (&mut y, "rx/y")] {
+        s.send(subscribe_packet(1, topic, QoS::AtLeastOnce)).await;
+        assert!(matches!(s.expect().await, Packet::SubAck(_)));
+    }
+    let tcp = b.client(V5, "pub").await;
+    for _ in 0..3 {
+        publish_acked(&tcp, "rx/x", "x", QoS::AtLeastOnce).await;
+        publish_acked(&tcp, "rx/y", "y", QoS::AtLeastOnce).await;
+    }
+    /// Deliveries arriving on `s` within [`QUIET`].
+    async fn arrived(s: &mut Stream) -> Vec<u16> {
+        let mut ids = Vec::new();
+        while let Ok(Ok(p)) = tokio::time::timeout(QUIET, s.next()).await {
+            match p {
+                Packet::Publish(p) => ids.push(p.packet_id),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        ids
+    }
+    let (on_x, on_y) = (arrived(&mut x).await, arrived(&mut y).await);
+    assert_eq!(on_x.len() + on_y.len(), 2, "two in flight over both streams: {on_x:?} {on_y:?}");
+    // Each PUBACK, on whichever stream, lets exactly one more out.
+    let mut seen = on_x.len() + on_y.len();
+    let mut unacked: Vec<u16> = on_x.into_iter().chain(on_y).collect();
+    while seen < 6 {
+        let id = unacked.remove(0);
+        control.send(Packet::PubAck(Ack::new(id))).await;
+        let (more_x, more_y) = (arrived(&mut x).await, arrived(&mut y).await);
+        assert_eq!(more_x.len() + more_y.len(), 1, "one freed slot, one delivery");
+        seen += 1;
+        unacked.extend(more_x.into_iter().chain(more_y));
+    }
+}
+
+#[tokio::test]
+async fn held_back_qos1_acknowledgements_count_against_receive_maximum_across_streams() {
+    let (b, tls) = broker_with(|config| {
+        config.mqtt.receive_maximum = 2;
+        config.session.max_queued_messages = 1;
+    })
+    .await;
+    // A subscriber that takes nothing: one delivery in flight, one queued, then its queue is full
+    // and every publisher to it is held (its PUBACK waits).
+    let mut opts = b.options(V5, "stuck");
+    opts.receive_maximum = 1;
+    let (stuck, _) = connect(opts).await;
+    subscribe(&stuck, "held/t", QoS::AtLeastOnce).await;
+    let (_e, conn) = dial(&b, &tls).await;
+    let mut control = connected(&conn, "held", 0).await;
+    let mut streams = [Stream::open(&conn).await, Stream::open(&conn).await, Stream::open(&conn).await];
+    for id in 1..=2 {
+        streams[0].send(publish_packet(id, "held/t", QoS::AtLeastOnce, vec![1])).await;
+        assert!(matches!(streams[0].expect().await, Packet::PubAck(a) if a.packet_id == id));
+    }
+    // Held: no PUBACK on the first two streams; that is two unacknowledged on the connection.
+    for s in &mut streams[..2] {
+        s.send(publish_packet(3, "held/t", QoS::AtLeastOnce, vec![2])).await;
+        assert!(tokio::time::timeout(QUIET, s.next()).await.is_err(), "PUBACK held back");
+    }
+    // A third, on a third stream: one more than Receive Maximum on the connection.
+    streams[2].send(publish_packet(3, "held/t", QoS::AtLeastOnce, vec![3])).await;
+    match control.expect().await {
+        Packet::Disconnect(d) => assert_eq!(d.reason, ReasonCode::ReceiveMaximumExceeded),
+        other => panic!("expected DISCONNECT 0x93, got {other:?}"),
+    }
 }

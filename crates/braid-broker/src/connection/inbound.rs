@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,7 @@ use braid_proto::{
     encode, Ack, ByteString, BytesMut, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode,
 };
 
+use super::receive_window::WindowShare;
 use crate::auth::ConnectionAcl;
 use crate::broker::{Broker, Ending};
 use crate::config::DeniedPublish;
@@ -56,6 +58,9 @@ pub struct Inbound<'a> {
     /// connections, which never have one, carry one word for it.
     #[allow(clippy::box_collection)]
     stream_qos2: Option<Box<HashSet<u16>>>,
+    /// This reader's part of the connection's Receive Maximum count (besides the session's
+    /// unreleased QoS 2 ids): a data stream's unreleased QoS 2 ids and PUBACKs not sent yet.
+    window: WindowShare,
 }
 
 /// Why a connection is not read from, though no acknowledgement is held.
@@ -97,7 +102,21 @@ impl<'a> Inbound<'a> {
             pause: None,
             stream: StreamTag::default(),
             stream_qos2: None,
+            window: WindowShare::default(),
         }
+    }
+
+    /// Counts this reader's publishes against Receive Maximum in `connection`, the count every
+    /// stream of its QUIC connection shares.
+    pub fn counting_in(mut self, connection: Arc<AtomicUsize>) -> Self {
+        self.window = WindowShare::of(connection);
+        self
+    }
+
+    /// True if one more QoS 2 PUBLISH would exceed the Receive Maximum advertised in CONNACK,
+    /// counted over the whole connection.
+    fn window_full(&self, session_qos2: usize) -> bool {
+        session_qos2 + self.window.used() >= usize::from(self.broker.config.mqtt.receive_maximum)
     }
 
     /// State for a QUIC data stream `stream`: its packet ids (and so its unreleased QoS 2 ids)
@@ -117,31 +136,28 @@ impl<'a> Inbound<'a> {
     }
 
     /// Records inbound QoS 2 packet id `id`: whether it is new (a resend is acknowledged again
-    /// but not delivered twice) and the store ticket its PUBREC waits for; the close if more
-    /// than Receive Maximum are unreleased.
+    /// but not delivered twice) and the store ticket its PUBREC waits for; the close if the
+    /// connection would exceed Receive Maximum.
     fn receive_qos2(&mut self, id: u16) -> Result<(bool, Ticket), Flow> {
-        let max = usize::from(self.broker.config.mqtt.receive_maximum);
-        let too_many = || {
-            close(ReasonCode::ReceiveMaximumExceeded, "more unreleased QoS 2 messages than Receive Maximum")
-        };
-        if let Some(ids) = self.stream_qos2.as_deref_mut() {
+        let mut st = self.session.lock();
+        if let Some(ids) = self.stream_qos2.as_deref() {
             // A QUIC data stream's own ids, kept in memory only (docs/quic.md).
             if ids.contains(&id) {
                 return Ok((false, 0));
             }
-            if ids.len() >= max {
-                return Err(too_many());
-            }
-            return Ok((ids.insert(id), 0));
-        }
-        let mut st = self.session.lock();
-        if st.incoming_qos2.contains(id) {
+        } else if st.incoming_qos2.contains(id) {
             return Ok((false, st.ticket()));
         }
-        if st.incoming_qos2.len() >= max {
-            return Err(too_many());
+        if self.window_full(st.incoming_qos2.len()) {
+            return Err(receive_maximum_exceeded());
         }
-        Ok((st.receive_qos2(id), st.ticket()))
+        match self.stream_qos2.as_deref_mut() {
+            Some(ids) => {
+                self.window.take();
+                Ok((ids.insert(id), 0))
+            }
+            None => Ok((st.receive_qos2(id), st.ticket())),
+        }
     }
 
     /// What a connection that parks keeps: the topic aliases its client defined and its
@@ -181,7 +197,13 @@ impl<'a> Inbound<'a> {
             }
             Packet::PubRel(a) => {
                 let (known, ticket) = match self.stream_qos2.as_mut() {
-                    Some(ids) => (ids.remove(&a.packet_id), 0),
+                    Some(ids) => {
+                        let known = ids.remove(&a.packet_id);
+                        if known {
+                            self.window.give();
+                        }
+                        (known, 0)
+                    }
                     None => {
                         let mut st = self.session.lock();
                         (st.release_qos2(a.packet_id), st.ticket())
@@ -305,7 +327,12 @@ impl<'a> Inbound<'a> {
                 let _ = self.broker.publish(msg);
                 return Flow::Continue;
             }
-            QoS::AtLeastOnce => (Packet::PubAck(Ack::new(id)), 0),
+            QoS::AtLeastOnce => {
+                // Counted until its PUBACK is sent: at once (then it never counts), unless held
+                // or awaiting a commit (checked below, once that is known).
+                self.window.take();
+                (Packet::PubAck(Ack::new(id)), 0)
+            }
             QoS::ExactlyOnce => {
                 let (first, ticket) = match self.receive_qos2(id) {
                     Ok(r) => r,
@@ -328,6 +355,13 @@ impl<'a> Inbound<'a> {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
             self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: now }));
         }
+        // A QoS 1 PUBLISH whose PUBACK waits counts against Receive Maximum.
+        if qos == QoS::AtLeastOnce && self.window.used() > 0 {
+            let unreleased = self.session.lock().incoming_qos2.len();
+            if unreleased + self.window.used() > usize::from(self.broker.config.mqtt.receive_maximum) {
+                return receive_maximum_exceeded();
+            }
+        }
         Flow::Continue
     }
 
@@ -346,7 +380,7 @@ impl<'a> Inbound<'a> {
             self.durable = Some(Box::new(Durable { acks: VecDeque::from([(ticket, p)]), synced }));
             return;
         }
-        self.reply(&p, out);
+        send_ack(&mut self.window, self.version, &p, out);
     }
 
     /// True while acknowledgements wait for the group commit.
@@ -358,12 +392,9 @@ impl<'a> Inbound<'a> {
     pub fn flush_synced(&mut self, out: &mut BytesMut) {
         let Some(d) = self.durable.as_deref_mut() else { return };
         let synced = *d.synced.borrow_and_update();
-        while let Some((ticket, p)) = d.acks.front() {
-            if *ticket > synced {
-                break;
-            }
-            let _ = encode(p, self.version, out);
-            d.acks.pop_front();
+        while d.acks.front().is_some_and(|(ticket, _)| *ticket <= synced) {
+            let Some((_, p)) = d.acks.pop_front() else { break };
+            send_ack(&mut self.window, self.version, &p, out);
         }
     }
 
@@ -449,6 +480,19 @@ struct Held {
 /// True for `$SYS` and everything below it.
 fn is_sys_topic(topic: &str) -> bool {
     topic.strip_prefix("$SYS").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Encodes an acknowledgement; a PUBACK ends its PUBLISH's count against Receive Maximum.
+fn send_ack(window: &mut WindowShare, version: ProtocolVersion, p: &Packet, out: &mut BytesMut) {
+    if matches!(p, Packet::PubAck(_)) {
+        window.give();
+    }
+    // Acknowledgements are well-formed packets of this connection's version.
+    let _ = encode(p, version, out);
+}
+
+fn receive_maximum_exceeded() -> Flow {
+    close(ReasonCode::ReceiveMaximumExceeded, "more unacknowledged QoS 1/2 messages than Receive Maximum")
 }
 
 fn close(reason: ReasonCode, detail: &'static str) -> Flow {

@@ -3,6 +3,7 @@
 //! goes out with the deliveries of the same turn and nothing waits for a second task.
 
 pub(crate) mod inbound;
+mod receive_window;
 pub mod tcp;
 
 use std::collections::HashMap;

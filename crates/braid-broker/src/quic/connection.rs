@@ -15,6 +15,7 @@ use braid_proto::{
     encode, BytesMut, Disconnect, Packet, Properties, ProtocolVersion, ReadBuffer, ReasonCode,
 };
 
+use super::pacer::Pacer;
 use super::stream::{self, StreamContext, StreamEnd, StreamOut};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
@@ -30,9 +31,10 @@ const CONTROL_PRIORITY: i32 = i32::MAX;
 type BiStream = (quinn::SendStream, quinn::RecvStream);
 
 /// Serves one QUIC connection until it closes.
-pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming) {
+pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming, pacer: Arc<Pacer>) {
     let peer = incoming.remote_address();
-    let connecting = match incoming.accept() {
+    // The client's address stays paced as long as this connection is served.
+    let (connecting, _paced) = match pacer.accept(incoming) {
         Ok(c) => c,
         Err(e) => {
             debug!(%peer, "QUIC handshake refused: {e}");
@@ -173,6 +175,7 @@ impl Streams {
             generation: a.generation,
             version,
             held: Arc::new(AtomicUsize::new(0)),
+            window: Arc::new(AtomicUsize::new(0)),
             acl,
         };
         let control_index = control.recv.id().index();
@@ -264,7 +267,8 @@ impl Streams {
                             return Ending::WithWill;
                         }
                     };
-                    if index == self.control {
+                    let fatal = matches!(&end, StreamEnd::Failed(r, _) if stream::ends_connection(*r));
+                    if index == self.control || fatal {
                         return match end {
                             StreamEnd::Ended(ending) => {
                                 ctl.close(ReasonCode::Success);

@@ -5,6 +5,7 @@
 
 mod certificate;
 mod connection;
+mod pacer;
 mod stream;
 
 use std::io;
@@ -15,6 +16,8 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tracing::info;
 
+use pacer::Pacer;
+
 use crate::admission::Admission;
 use crate::broker::Broker;
 use crate::config::Config;
@@ -22,9 +25,24 @@ use crate::config::Config;
 /// ALPN protocol id of MQTT over QUIC (the one EMQX and its clients use).
 pub const ALPN: &[u8] = b"mqtt";
 
+/// The bound QUIC endpoint and how its connections are paced.
+#[derive(Debug, Clone)]
+pub(crate) struct Listener {
+    pub endpoint: quinn::Endpoint,
+    pacer: Arc<Pacer>,
+}
+
+/// Transport settings of every connection: the idle timeout (and, per connection, the
+/// pacing governor that [`Pacer`] adds).
+fn transport_config(idle: quinn::IdleTimeout) -> quinn::TransportConfig {
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(idle));
+    transport
+}
+
 /// Binds the QUIC endpoint `listeners.quic` with the configured (or a self-signed)
-/// certificate, 0-RTT and migration as configured.
-pub(crate) fn bind(config: &Config) -> io::Result<quinn::Endpoint> {
+/// certificate, 0-RTT, migration and pacing as configured.
+pub(crate) fn bind(config: &Config) -> io::Result<Listener> {
     let cfg = &config.quic;
     let (chain, key) = certificate::load(cfg)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -44,24 +62,35 @@ pub(crate) fn bind(config: &Config) -> io::Result<quinn::Endpoint> {
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| invalid(&e))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.migration(cfg.migration);
-    let mut transport = quinn::TransportConfig::default();
     let idle = quinn::IdleTimeout::try_from(Duration::from_secs(cfg.idle_timeout_secs))
         .map_err(|_| invalid(&"quic.idle_timeout_secs: too large"))?;
-    transport.max_idle_timeout(Some(idle));
-    server.transport_config(Arc::new(transport));
+    server.transport_config(Arc::new(transport_config(idle)));
+    let pacing = cfg.pacing.parse().map_err(|e: String| invalid(&format_args!("quic.pacing: {e}")))?;
     let addr = config.listeners.quic;
-    quinn::Endpoint::server(server, addr)
-        .map_err(|e| io::Error::new(e.kind(), format!("listeners.quic: cannot listen on {addr}: {e}")))
+    let cannot =
+        |e: io::Error| io::Error::new(e.kind(), format!("listeners.quic: cannot listen on {addr}: {e}"));
+    let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+    let socket = runtime.wrap_udp_socket(std::net::UdpSocket::bind(addr).map_err(cannot)?).map_err(cannot)?;
+    let (pacer, socket) = Pacer::new(pacing, socket, server.clone(), idle);
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        Some(server),
+        socket,
+        runtime,
+    )
+    .map_err(cannot)?;
+    Ok(Listener { endpoint, pacer: Arc::new(pacer) })
 }
 
 /// Accepts QUIC connections until shutdown, within the connection limits every listener
 /// shares; each is served in a task of `connections`.
 pub(crate) async fn accept(
-    endpoint: quinn::Endpoint,
+    listener: Listener,
     broker: Arc<Broker>,
     connections: TaskTracker,
     admission: Arc<Admission>,
 ) {
+    let Listener { endpoint, pacer } = listener;
     let addr: Option<SocketAddr> = endpoint.local_addr().ok();
     info!(transport = "quic", addr = ?addr, "listening for MQTT");
     loop {
@@ -71,7 +100,7 @@ pub(crate) async fn accept(
             incoming = endpoint.accept() => match incoming {
                 Some(incoming) if !admission.admit() => incoming.refuse(),
                 Some(incoming) => {
-                    connections.spawn(connection::serve(broker.clone(), incoming));
+                    connections.spawn(connection::serve(broker.clone(), incoming, pacer.clone()));
                 }
                 None => break,
             },

@@ -173,6 +173,8 @@ pub(crate) struct StreamContext {
     pub version: ProtocolVersion,
     /// Streams whose publisher acknowledgement is held by backpressure.
     pub held: Arc<AtomicUsize>,
+    /// The connection's QoS 1/2 publishes counted against Receive Maximum, over all streams.
+    pub window: Arc<AtomicUsize>,
     /// Who the client is, for each stream's topic authorization.
     pub acl: Option<Box<AclSeed>>,
 }
@@ -190,12 +192,13 @@ pub(crate) async fn read(
 ) -> (u64, StreamEnd) {
     let (broker, version) = (&cx.broker, cx.version);
     let acl = broker.security.resume_acl(cx.acl.clone(), &cx.session.client_id);
-    let mut inbound = if control {
+    let inbound = if control {
         Inbound::new(broker, &cx.session, version, HashMap::new(), acl)
     } else {
         let tag = StreamTag { generation: cx.generation, stream: index };
         Inbound::for_stream(broker, &cx.session, version, tag, acl)
     };
+    let mut inbound = inbound.counting_in(cx.window.clone());
     let max = broker.config.mqtt.max_packet_size;
     let mut replies = BytesMut::new();
     let mut was_held = false;
@@ -268,12 +271,20 @@ pub(crate) async fn read(
         let now_held = cx.held.fetch_sub(1, Ordering::AcqRel) - 1;
         cx.ctl.set_held(now_held > 0, broker.now_ms());
     }
-    if let (false, StreamEnd::Failed(reason, detail)) = (control, &end) {
+    // (An error that ends the connection is the connection task's to report.)
+    let stream_only = !control && matches!(&end, StreamEnd::Failed(r, _) if !ends_connection(*r));
+    if let (true, StreamEnd::Failed(reason, detail)) = (stream_only, &end) {
         info!(client_id = %cx.session.client_id, stream = index, "resetting stream: {detail} ({})", reason.description());
         let _ = recv.stop(u32::from(*reason as u8).into());
         out.reset(*reason);
     }
     (index, end)
+}
+
+/// True for an error on a data stream that closes the whole connection rather than resetting
+/// the stream: Receive Maximum counts the connection, not a stream.
+pub(crate) fn ends_connection(reason: ReasonCode) -> bool {
+    reason == ReasonCode::ReceiveMaximumExceeded
 }
 
 /// The `stream-priority` user property of a SUBSCRIBE, if it holds an integer.

@@ -117,6 +117,11 @@ pub struct SubArgs {
     /// Stop when no message arrived for this many seconds after the first one (0: never).
     #[arg(long, default_value_t = 0.0)]
     pub idle_timeout: f64,
+    /// QUIC: subscribe each -t filter on a data stream of its own, sending at this priority
+    /// (repeatable, one per -t, in order). Counts and latency are the first filter's; the other
+    /// streams' messages are received, acknowledged and counted apart.
+    #[arg(long = "stream-priority", allow_negative_numbers = true)]
+    pub stream_priorities: Vec<i32>,
 }
 
 /// `braid bench pub`

@@ -33,7 +33,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
     let result = runtime.block_on(async move {
         match *args.command {
             BenchCommand::Conn(a) => Ok(conn::run(a).await),
-            BenchCommand::Sub(a) => Ok(sub::run(a).await),
+            BenchCommand::Sub(a) => sub::run(a).await,
             BenchCommand::Pub(a) => r#pub::run(a).await,
         }
     });

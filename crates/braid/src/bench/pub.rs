@@ -315,6 +315,7 @@ pub async fn run(args: PubArgs) -> Result<Summary, String> {
             common.start_number as u64,
             args.sub,
             &filters,
+            &[],
             sub_qos,
             args.receive_maximum,
             &stats,

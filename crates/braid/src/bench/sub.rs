@@ -94,19 +94,24 @@ pub async fn receive(client: Client, index: usize, stats: Arc<Stats>) -> SubResu
 pub struct Subscribers {
     /// Their handles, to disconnect them.
     pub clients: Vec<Client>,
-    tasks: JoinSet<SubResult>,
+    /// What each receiving task saw; `false`: a stream whose messages are not measured.
+    tasks: JoinSet<(bool, SubResult)>,
+    /// Counts of the streams not measured (`--stream-priority` beyond the first filter).
+    pub others: Arc<Stats>,
     /// Seconds the connect phase took.
     pub connect_secs: f64,
 }
 
 impl Subscribers {
-    /// Connects `count` subscribers, subscribes each to `filters` and starts receiving.
+    /// Connects `count` subscribers, subscribes each to `filters` and starts receiving; with
+    /// `priorities` (QUIC), filter i on a data stream of its own at priority i.
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         common: &super::args::CommonArgs,
         first_seq: u64,
         count: u32,
         filters: &[String],
+        priorities: &[i32],
         q: u8,
         receive_maximum: u16,
         stats: &Arc<Stats>,
@@ -122,21 +127,29 @@ impl Subscribers {
         let gate = Arc::new(tokio::sync::Semaphore::new(common.max_connecting.max(1)));
         for (index, c) in connected.clients.into_iter().enumerate() {
             clients.push(c.client.clone());
-            let (filters, username, stats, gate) =
-                (filters.to_vec(), username.clone(), stats.clone(), gate.clone());
+            let (filters, priorities, username, stats, gate) =
+                (filters.to_vec(), priorities.to_vec(), username.clone(), stats.clone(), gate.clone());
             pending.spawn(async move {
                 let permit = gate.acquire_owned().await;
-                subscribe(&c, &filters, q, &username, &stats).await;
+                let receivers = if priorities.is_empty() {
+                    subscribe(&c, &filters, q, &username, &stats).await;
+                    vec![(c.client, true)]
+                } else {
+                    subscribe_on_streams(&c, &filters, &priorities, q, &username, &stats).await
+                };
                 drop(permit);
-                (index, c.client)
+                (index, receivers)
             });
         }
+        let others = Arc::new(Stats::new());
         while let Some(r) = pending.join_next().await {
-            if let Ok((index, client)) = r {
-                tasks.spawn(receive(client, index, stats.clone()));
+            let Ok((index, receivers)) = r else { continue };
+            for (client, measured) in receivers {
+                let into = if measured { stats.clone() } else { others.clone() };
+                tasks.spawn(async move { (measured, receive(client, index, into).await) });
             }
         }
-        Subscribers { clients, tasks, connect_secs: connected.secs }
+        Subscribers { clients, tasks, others, connect_secs: connected.secs }
     }
 
     /// Number of connected subscribers.
@@ -149,12 +162,39 @@ impl Subscribers {
         conn::disconnect_all(self.clients.drain(..)).await;
         let mut out = Vec::new();
         while let Some(r) = self.tasks.join_next().await {
-            if let Ok(r) = r {
+            if let Ok((true, r)) = r {
                 out.push(r);
             }
         }
         out
     }
+}
+
+/// QUIC: subscribes filter i of `filters` on a data stream of `conn` opened at `priorities[i]`;
+/// returns the streams, the first one marked as the measured one.
+async fn subscribe_on_streams(
+    conn: &Conn,
+    filters: &[String],
+    priorities: &[i32],
+    q: u8,
+    username: &str,
+    stats: &Stats,
+) -> Vec<(Client, bool)> {
+    let mut streams = Vec::with_capacity(filters.len());
+    for (i, (filter, priority)) in filters.iter().zip(priorities).enumerate() {
+        match conn.client.open_stream(*priority).await {
+            Ok(client) => {
+                let stream = Conn { seq: conn.seq, client_id: conn.client_id.clone(), client };
+                subscribe(&stream, std::slice::from_ref(filter), q, username, stats).await;
+                streams.push((stream.client, i == 0));
+            }
+            Err(e) => {
+                stats.inc(Counter::SubFail);
+                eprintln!("client({}): cannot open a stream for {filter} - {e}", conn.seq);
+            }
+        }
+    }
+    streams
 }
 
 /// Fills the receive side of a summary from the subscribers' results. `since_ns` is the start
@@ -181,8 +221,12 @@ pub fn fill_receive(
 }
 
 /// `braid bench sub`
-pub async fn run(args: SubArgs) -> Summary {
+pub async fn run(args: SubArgs) -> Result<Summary, String> {
     let common = &args.common;
+    let priorities = &args.stream_priorities;
+    if !priorities.is_empty() && (!common.transport.quic || priorities.len() != args.topics.len()) {
+        return Err("--stream-priority: QUIC only (--quic), one per -t filter".into());
+    }
     let stats = Arc::new(Stats::new());
     let start = Instant::now();
     let _ticker = Ticker::start(stats.clone(), start, common.json, common.quiet);
@@ -193,6 +237,7 @@ pub async fn run(args: SubArgs) -> Summary {
         common.start_number as u64,
         common.count,
         &args.topics,
+        priorities,
         args.qos,
         args.receive_maximum,
         &stats,
@@ -223,8 +268,12 @@ pub async fn run(args: SubArgs) -> Summary {
     s.subscribers = subs.len() as u64;
     s.qos = args.qos;
     s.receive_maximum = args.receive_maximum;
+    let others = subs.others.clone();
     let results = subs.finish().await;
     fill_receive(&mut s, &results, &stats, None, 0);
     s.elapsed_secs = start.elapsed().as_secs_f64();
-    s
+    if priorities.len() > 1 {
+        eprintln!("the other streams received {} messages", others.get(Counter::Recv));
+    }
+    Ok(s)
 }
