@@ -17,6 +17,35 @@ const RUN: Duration = Duration::from_secs(8);
 /// Far more than 8 s of the policed path (about 40 KB/s): in flight the whole run.
 const BIG: usize = 2_000_000;
 
+/// Publishes a QoS 1 Topic1 message carrying its send time (µs after `started`) every 100 ms
+/// until [`RUN`] is over; returns how many.
+async fn publish_topic1(started: Instant, mut publish: impl AsyncFnMut(Message)) -> u32 {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut sent = 0u32;
+    while started.elapsed() < RUN {
+        tick.tick().await;
+        let stamp = started.elapsed().as_micros().to_string();
+        publish(Message::new("Topic1", stamp, QoS::AtLeastOnce)).await;
+        sent += 1;
+    }
+    sent
+}
+
+/// Takes events from `recv` until half a second after [`RUN`]; returns the latencies of the
+/// Topic1 messages among them (from the send time each carries).
+async fn receive_topic1(started: Instant, mut recv: impl AsyncFnMut() -> Option<Event>) -> Vec<Duration> {
+    let mut latencies = Vec::new();
+    while started.elapsed() < RUN + Duration::from_millis(500) {
+        let Ok(Some(Event::Message(p))) = tokio::time::timeout(Duration::from_millis(600), recv()).await
+        else {
+            continue;
+        };
+        let sent_at: u64 = std::str::from_utf8(&p.payload).unwrap().parse().unwrap();
+        latencies.push(started.elapsed().saturating_sub(Duration::from_micros(sent_at)));
+    }
+    latencies
+}
+
 // Without pacing this fails: acknowledgements come back at once on this path, so quinn sends
 // the packet after each ACK while the policer has no token, and the lost Topic1 data is
 // retransmitted in exactly such a packet every time (a few Topic1 messages in 8 s). With
@@ -36,28 +65,10 @@ async fn topic1_keeps_flowing_over_quic_multi_stream_while_a_big_message_is_in_f
     let topic2 = producer.open_stream(8).await.unwrap();
     let big = topic2.publish(Message::new("Topic2", vec![0u8; BIG], QoS::AtLeastOnce)).await.unwrap();
     let started = Instant::now();
-    let publisher = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut sent = 0u32;
-        while started.elapsed() < RUN {
-            tick.tick().await;
-            let stamp = started.elapsed().as_micros().to_string();
-            topic1.publish(Message::new("Topic1", stamp, QoS::AtLeastOnce)).await.unwrap();
-            sent += 1;
-        }
-        (sent, topic1)
-    });
-    let mut latencies = Vec::new();
-    while started.elapsed() < RUN + Duration::from_millis(500) {
-        let Ok(Some(Event::Message(p))) =
-            tokio::time::timeout(Duration::from_millis(600), consumer.recv()).await
-        else {
-            continue;
-        };
-        let sent_at: u64 = std::str::from_utf8(&p.payload).unwrap().parse().unwrap();
-        latencies.push(started.elapsed().saturating_sub(Duration::from_micros(sent_at)));
-    }
-    let (sent, _topic1) = publisher.await.unwrap();
+    let (sent, mut latencies) = tokio::join!(
+        publish_topic1(started, async |m| topic1.publish(m).await.map(drop).unwrap()),
+        receive_topic1(started, async || consumer.recv().await),
+    );
     latencies.sort();
     let p99 = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];
     let rate = latencies.len() as f64 / RUN.as_secs_f64();
@@ -103,28 +114,10 @@ async fn consumer_behind_a_policer(pacing: &str) -> (Vec<Duration>, u32, bool, O
     let producer = b.client(V5, "producer").await;
     producer.publish(Message::new("Topic2", vec![0u8; BIG], QoS::AtLeastOnce)).await.unwrap().await.unwrap();
     let started = Instant::now();
-    let publisher = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut sent = 0u32;
-        while started.elapsed() < RUN {
-            tick.tick().await;
-            let stamp = started.elapsed().as_micros().to_string();
-            producer.publish(Message::new("Topic1", stamp, QoS::AtLeastOnce)).await.unwrap();
-            sent += 1;
-        }
-        sent
-    });
-    let mut latencies = Vec::new();
-    while started.elapsed() < RUN + Duration::from_millis(500) {
-        let Ok(Some(Event::Message(p))) =
-            tokio::time::timeout(Duration::from_millis(600), topic1.recv()).await
-        else {
-            continue;
-        };
-        let sent_at: u64 = std::str::from_utf8(&p.payload).unwrap().parse().unwrap();
-        latencies.push(started.elapsed().saturating_sub(Duration::from_micros(sent_at)));
-    }
-    let sent = publisher.await.unwrap();
+    let (sent, mut latencies) = tokio::join!(
+        publish_topic1(started, async |m| drop(producer.publish(m).await.unwrap())),
+        receive_topic1(started, async || topic1.recv().await),
+    );
     let in_flight = tokio::time::timeout(Duration::from_millis(10), topic2.recv()).await.is_err();
     expect_no_event(&consumer).await;
     latencies.sort();
