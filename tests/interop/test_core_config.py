@@ -44,16 +44,19 @@ def port_is_listening(port):
         return False
 
 
-def temp_store():
-    """Flags putting the disk store in a fresh directory instead of ./braid-data."""
-    return ["--set", f'store.data_dir="{tempfile.mkdtemp(prefix="braid-data-")}"']
+def isolated():
+    """Flags that keep the broker off shared resources: the disk store in a fresh directory
+    instead of ./braid-data, and MQTT over QUIC on a free loopback port instead of 14567 (which
+    a `braid serve` running beside the tests may hold)."""
+    return ["--set", f'store.data_dir="{tempfile.mkdtemp(prefix="braid-data-")}"',
+            "--set", 'listeners.quic="127.0.0.1:0"']
 
 
 def run_rejected(args, env=None, cwd=None):
     """Run `braid serve ARGS --listen 127.0.0.1:PORT`, which must exit on its own within
     EXIT_TIMEOUT s; returns (returncode, stderr text, port)."""
     port = free_port()
-    cmd = [BRAID_BIN, "serve", *args, "--listen", f"127.0.0.1:{port}", *temp_store()]
+    cmd = [BRAID_BIN, "serve", *args, "--listen", f"127.0.0.1:{port}", *isolated()]
     try:
         proc = subprocess.run(cmd, env=env if env is not None else clean_env(), cwd=cwd,
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=EXIT_TIMEOUT)
@@ -71,7 +74,7 @@ class BraidProcess:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="braid-config-", suffix=".log", delete=False)
-        self.cmd = [BRAID_BIN, "serve", *args, "--listen", f"{self.host}:{self.port}", *temp_store()]
+        self.cmd = [BRAID_BIN, "serve", *args, "--listen", f"{self.host}:{self.port}", *isolated()]
         self.proc = subprocess.Popen(self.cmd, env=env if env is not None else clean_env(), cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         try:
