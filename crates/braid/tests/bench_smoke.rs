@@ -1,9 +1,8 @@
 //! Smoke test of `braid bench`: a broker on a free port, `braid bench pub --sub 1` at QoS 1 for
 //! about two seconds, and the JSON summary must show every message received exactly once.
 
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
@@ -16,23 +15,28 @@ impl Drop for Broker {
     }
 }
 
+/// A broker on a port of its own choosing (port 0), read back from its log: picking a free
+/// port first and passing it races with the other tests, which run in parallel.
 fn start_broker() -> (Broker, u16) {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(BRAID)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--set", "log.level=\"warn\""])
+    let mut child = Command::new(BRAID)
+        .args(["serve", "--listen", "127.0.0.1:0", "--set", "log.level=\"info\""])
         .args(["--set", "store.backend=\"memory\""])
-        // QUIC on a free port too: tests run in parallel, the default 14567 is taken by the first.
+        // QUIC on a free port too: the default 14567 is taken by the first broker.
         .args(["--set", "listeners.quic=\"127.0.0.1:0\""])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("braid serve starts");
+    let mut log = BufReader::new(child.stderr.take().unwrap()).lines();
     let broker = Broker(child);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "broker did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let port = loop {
+        let line = log.next().expect("braid serve logs its TCP address").unwrap();
+        if line.contains("listening for MQTT") && line.contains("transport=\"tcp\"") {
+            break line.rsplit(':').next().unwrap().trim().parse().expect("a port at the end of the line");
+        }
+    };
+    // Keep reading, so the broker never blocks on a full pipe.
+    std::thread::spawn(move || log.for_each(drop));
     (broker, port)
 }
 
