@@ -1,7 +1,7 @@
 //! What the broker does with each packet a connected client sends.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use crate::config::DeniedPublish;
 use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
-use crate::session::Session;
+use crate::session::{Qos2Ids, Session};
 use crate::store::Ticket;
 
 /// What the read loop does after a packet.
@@ -54,10 +54,8 @@ pub struct Inbound<'a> {
     /// The stream this state reads (QUIC); subscriptions made here deliver on it.
     stream: StreamTag,
     /// Inbound QoS 2 ids of a QUIC data stream, whose packet ids are its own; `None` uses the
-    /// session's set, which outlives the connection (and is persisted). Boxed so that TCP
-    /// connections, which never have one, carry one word for it.
-    #[allow(clippy::box_collection)]
-    stream_qos2: Option<Box<HashSet<u16>>>,
+    /// session's set, which outlives the connection (and is persisted).
+    stream_qos2: Option<Qos2Ids>,
     /// This reader's part of the connection's Receive Maximum count (besides the session's
     /// unreleased QoS 2 ids): a data stream's unreleased QoS 2 ids and PUBACKs not sent yet.
     window: WindowShare,
@@ -113,10 +111,10 @@ impl<'a> Inbound<'a> {
         self
     }
 
-    /// True if one more QoS 2 PUBLISH would exceed the Receive Maximum advertised in CONNACK,
-    /// counted over the whole connection.
-    fn window_full(&self, session_qos2: usize) -> bool {
-        session_qos2 + self.window.used() >= usize::from(self.broker.config.mqtt.receive_maximum)
+    /// True if `unreleased_qos2` of the session's QoS 2 ids plus what this connection counts
+    /// exceed the Receive Maximum advertised in CONNACK.
+    fn exceeds_receive_maximum(&self, unreleased_qos2: usize) -> bool {
+        unreleased_qos2 + self.window.used() > usize::from(self.broker.config.mqtt.receive_maximum)
     }
 
     /// State for a QUIC data stream `stream`: its packet ids (and so its unreleased QoS 2 ids)
@@ -130,7 +128,7 @@ impl<'a> Inbound<'a> {
     ) -> Self {
         Inbound {
             stream,
-            stream_qos2: Some(Box::default()),
+            stream_qos2: Some(Qos2Ids::default()),
             ..Inbound::new(broker, session, version, HashMap::new(), acl)
         }
     }
@@ -140,18 +138,19 @@ impl<'a> Inbound<'a> {
     /// connection would exceed Receive Maximum.
     fn receive_qos2(&mut self, id: u16) -> Result<(bool, Ticket), Flow> {
         let mut st = self.session.lock();
-        if let Some(ids) = self.stream_qos2.as_deref() {
+        if let Some(ids) = &self.stream_qos2 {
             // A QUIC data stream's own ids, kept in memory only (docs/quic.md).
-            if ids.contains(&id) {
+            if ids.contains(id) {
                 return Ok((false, 0));
             }
         } else if st.incoming_qos2.contains(id) {
             return Ok((false, st.ticket()));
         }
-        if self.window_full(st.incoming_qos2.len()) {
+        // This one included.
+        if self.exceeds_receive_maximum(st.incoming_qos2.len() + 1) {
             return Err(receive_maximum_exceeded());
         }
-        match self.stream_qos2.as_deref_mut() {
+        match self.stream_qos2.as_mut() {
             Some(ids) => {
                 self.window.take();
                 Ok((ids.insert(id), 0))
@@ -198,7 +197,7 @@ impl<'a> Inbound<'a> {
             Packet::PubRel(a) => {
                 let (known, ticket) = match self.stream_qos2.as_mut() {
                     Some(ids) => {
-                        let known = ids.remove(&a.packet_id);
+                        let known = ids.remove(a.packet_id);
                         if known {
                             self.window.give();
                         }
@@ -356,11 +355,11 @@ impl<'a> Inbound<'a> {
             self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: now }));
         }
         // A QoS 1 PUBLISH whose PUBACK waits counts against Receive Maximum.
-        if qos == QoS::AtLeastOnce && self.window.used() > 0 {
-            let unreleased = self.session.lock().incoming_qos2.len();
-            if unreleased + self.window.used() > usize::from(self.broker.config.mqtt.receive_maximum) {
-                return receive_maximum_exceeded();
-            }
+        if qos == QoS::AtLeastOnce
+            && self.window.used() > 0
+            && self.exceeds_receive_maximum(self.session.lock().incoming_qos2.len())
+        {
+            return receive_maximum_exceeded();
         }
         Flow::Continue
     }
