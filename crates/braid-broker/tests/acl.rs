@@ -192,13 +192,7 @@ async fn sys_topics_need_a_rule_and_will_topics_are_checked() {
     }
     // A will the ACL would not let the client publish refuses the CONNECT.
     let mut c = user("bob-w", "bob");
-    c.will = Some(LastWill {
-        topic: "users/alice/will".into(),
-        payload: Bytes::from_static(b"x"),
-        qos: QoS::AtMostOnce,
-        retain: false,
-        properties: Properties::default(),
-    });
+    c.will = will("users/alice/will", b"x");
     let (_, ack) = TestClient::connect(b.addr, V5, c.clone()).await;
     assert_eq!(ack.reason, NotAuthorized);
     c.will.as_mut().unwrap().topic = "users/bob/will".into();

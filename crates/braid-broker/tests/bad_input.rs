@@ -146,13 +146,7 @@ async fn bad_client_will_is_published() {
     let (mut w, _) = TestClient::connect_ok(b.addr, V5, connect_packet("bw-watch", true)).await;
     w.subscribe("bad/will", QoS::AtMostOnce).await;
     let mut c = connect_packet("bw", true);
-    c.will = Some(LastWill {
-        topic: "bad/will".into(),
-        payload: Bytes::from_static(b"protocol error"),
-        qos: QoS::AtMostOnce,
-        retain: false,
-        properties: Properties::default(),
-    });
+    c.will = will("bad/will", b"protocol error");
     let (mut bad, _) = TestClient::connect_ok(b.addr, V5, c).await;
     bad.send_raw(&[0x30, 0x03, 0x00, 0x05, b'a']).await;
     assert_eq!(bad.expect_closed().await, Some(MalformedPacket));

@@ -92,14 +92,7 @@ async fn half_open_and_silent_sockets_are_closed() {
     let (mut sub, _) = TestClient::connect_ok(b.addr, V5, connect_packet("will-sub", true)).await;
     sub.subscribe("wills/half", QoS::AtMostOnce).await;
     let mut c = connect_packet("half", true);
-    c.will = Some(LastWill {
-        topic: "wills/half".into(),
-        payload: Bytes::from_static(b"gone"),
-        qos: QoS::AtMostOnce,
-        retain: false,
-        properties: Properties::default(),
-    });
-    c.protocol = V5;
+    c.will = will("wills/half", b"gone");
     let mut s = TcpStream::connect(b.addr).await.unwrap();
     s.write_all(&encode_packet(&Packet::Connect(Box::new(c)), V5)).await.unwrap();
     s.shutdown().await.unwrap();

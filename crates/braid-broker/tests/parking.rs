@@ -79,13 +79,7 @@ async fn parked_client_that_goes_silent_gets_keep_alive_timeout_and_its_will_goe
     watcher.subscribe("wills/#", QoS::AtMostOnce).await;
     let mut c = connect_packet("sleepy", true);
     c.keep_alive = 2;
-    c.will = Some(LastWill {
-        topic: "wills/sleepy".into(),
-        payload: Bytes::from_static(b"gone"),
-        qos: QoS::AtMostOnce,
-        retain: false,
-        properties: Properties::default(),
-    });
+    c.will = will("wills/sleepy", b"gone");
     let (mut sleepy, _) = TestClient::connect_ok(b.addr, V5, c).await;
     until_parked(&b, 2).await;
     // Keep alive 2 s: closed 3 s after its last byte, though parked.
@@ -99,13 +93,7 @@ async fn a_parked_client_that_drops_its_socket_is_noticed() {
     let (mut watcher, _) = TestClient::connect_ok(b.addr, V5, connect_packet("drop-watch", true)).await;
     watcher.subscribe("wills/#", QoS::AtMostOnce).await;
     let mut c = connect_packet("dropper", true);
-    c.will = Some(LastWill {
-        topic: "wills/dropper".into(),
-        payload: Bytes::from_static(b"dropped"),
-        qos: QoS::AtMostOnce,
-        retain: false,
-        properties: Properties::default(),
-    });
+    c.will = will("wills/dropper", b"dropped");
     let (dropper, _) = TestClient::connect_ok(b.addr, V5, c).await;
     until_parked(&b, 2).await;
     dropper.drop_socket();

@@ -51,6 +51,17 @@ impl Counters for TestBroker {
 }
 
 /// A CONNECT with keep alive 0 and no will; `protocol` is set by [`TestClient::connect`].
+/// A QoS 0, not retained will on `topic` carrying `payload`, for [`Connect::will`].
+pub fn will(topic: &str, payload: &'static [u8]) -> Option<LastWill> {
+    Some(LastWill {
+        topic: topic.into(),
+        payload: Bytes::from_static(payload),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: Properties::default(),
+    })
+}
+
 pub fn connect_packet(client_id: &str, clean: bool) -> Connect {
     Connect {
         protocol: V5,
