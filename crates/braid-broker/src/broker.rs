@@ -147,9 +147,9 @@ impl Broker {
             let session = Arc::new(Session::new(rec.id, rec.client_id.clone(), limits.clone()));
             if rec.expiry_secs == 0 {
                 // Ended with its last connection, just before the broker stopped.
-                session.lock().persist =
-                    Some(Box::new(Persist::new(self.store.clone(), rec.id, rec.client_id, 1)));
-                session.lock().forget();
+                let mut st = session.lock();
+                st.persist = Some(Box::new(Persist::new(self.store.clone(), rec.id, rec.client_id, 1)));
+                st.forget();
                 continue;
             }
             let offline_for = now.saturating_sub(rec.offline_since.unwrap_or(now));

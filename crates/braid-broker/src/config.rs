@@ -339,8 +339,8 @@ pub struct RuntimeConfig {
 impl RuntimeConfig {
     /// The worker threads to start on a machine with `cores` cores. The automatic choice
     /// leaves a core to the kernel's network processing and the broker's helper threads: on 2
-    /// cores, one worker costs a third less CPU per message than two and answers sooner at low
-    /// load, since no message crosses threads (docs/architecture.md, "Threads").
+    /// cores, one worker used less CPU per message than two and answered sooner at low load in
+    /// every case measured, since no message crosses threads (docs/architecture.md, "Threads").
     pub fn workers(&self, cores: usize) -> usize {
         match self.worker_threads {
             0 => cores.saturating_sub(1).max(1),
