@@ -175,7 +175,7 @@ impl<'a> Inbound<'a> {
         let reply = match p {
             Packet::Publish(p) => return self.publish(p, out),
             Packet::PubAck(a) => {
-                self.transmit |= self.session.lock().on_puback(a.packet_id);
+                self.transmit |= self.session.lock().on_puback(a.packet_id, Instant::now());
                 None
             }
             Packet::PubRec(a) => {
@@ -183,7 +183,7 @@ impl<'a> Inbound<'a> {
                 // PUBREL only once its stage is on disk: a restart must not resend the PUBLISH.
                 let (rel, ticket) = {
                     let mut st = self.session.lock();
-                    (st.on_pubrec(&a), st.ticket())
+                    (st.on_pubrec(&a, Instant::now()), st.ticket())
                 };
                 if let Some(rel) = rel {
                     self.ack(Packet::PubRel(rel), ticket, out);

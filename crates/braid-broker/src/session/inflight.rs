@@ -24,6 +24,8 @@ pub struct Entry {
     pub stage: Stage,
     /// Must be (re)sent on the current connection: new, or carried over from an earlier one.
     pub unsent: bool,
+    /// When it was last sent ([`super::adaptive::micros`]).
+    pub sent_at: u32,
 }
 
 /// The window of unacknowledged deliveries, in send order. Entries still to be resent on the
@@ -65,19 +67,20 @@ impl Inflight {
         self.0.as_ref().map_or(0, |w| w.entries.len() - usize::from(w.unsent))
     }
 
-    /// Adds a delivery, sent now, with a fresh packet id (one not in use) and returns that id.
-    pub fn push(&mut self, delivery: Delivery) -> u16 {
+    /// Adds a delivery, sent at `now`, with a fresh packet id (one not in use) and returns
+    /// that id.
+    pub fn push(&mut self, delivery: Delivery, now: u32) -> u16 {
         let w = self.window();
         w.track_ids();
         let id = w.free_id();
-        w.push_with_id(delivery, id, Stage::Published, false);
+        w.push_with_id(delivery, id, Stage::Published, false, now);
         id
     }
 
-    /// Adds a delivery with packet id `id` (which must be free): sent now, or (`unsent`)
+    /// Adds a delivery with packet id `id` (which must be free): sent at `now`, or (`unsent`)
     /// restored from the store, to be resent.
-    pub fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool) {
-        self.window().push_with_id(delivery, id, stage, unsent);
+    pub fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool, now: u32) {
+        self.window().push_with_id(delivery, id, stage, unsent, now);
     }
 
     /// True if packet id `id` is in use.
@@ -97,8 +100,8 @@ impl Inflight {
     }
 
     /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. Returns its store
-    /// sequence number, or None if `id` is unknown.
-    pub fn complete(&mut self, id: u16, stage: Stage) -> Option<u64> {
+    /// sequence number and when it was sent, or None if `id` is unknown.
+    pub fn complete(&mut self, id: u16, stage: Stage) -> Option<(u64, u32)> {
         let w = self.0.as_deref_mut()?;
         let e = w.entries.remove(w.position(id, stage)?)?;
         if e.unsent {
@@ -107,18 +110,19 @@ impl Inflight {
         if let Some(bits) = w.in_use.as_mut() {
             set_bit(bits, id, false);
         }
-        Some(e.delivery.seq)
+        Some((e.delivery.seq, e.sent_at))
     }
 
-    /// PUBREC for `id`: move it to the PUBREL stage. False if `id` is unknown.
-    pub fn release(&mut self, id: u16) -> bool {
-        let Some(w) = self.0.as_deref_mut() else { return false };
+    /// PUBREC for `id`: move it to the PUBREL stage. Returns when its PUBLISH was sent if this
+    /// is its first PUBREC, `Some(None)` for a repeated one, None if `id` is unknown.
+    pub fn release(&mut self, id: u16) -> Option<Option<u32>> {
+        let w = self.0.as_deref_mut()?;
         match w.position(id, Stage::Published) {
             Some(i) => {
                 w.entries[i].stage = Stage::Released;
-                true
+                Some(Some(w.entries[i].sent_at))
             }
-            None => w.position(id, Stage::Released).is_some(),
+            None => w.position(id, Stage::Released).map(|_| None),
         }
     }
 
@@ -132,8 +136,8 @@ impl Inflight {
         }
     }
 
-    /// The oldest entry still to be resent on this connection, now marked sent.
-    pub fn next_unsent(&mut self) -> Option<&Entry> {
+    /// The oldest entry still to be resent on this connection, now marked sent at `now`.
+    pub fn next_unsent(&mut self, now: u32) -> Option<&Entry> {
         let w = self.0.as_deref_mut()?;
         if w.unsent == 0 {
             return None;
@@ -143,6 +147,7 @@ impl Inflight {
         let e = &mut w.entries[i];
         debug_assert!(e.unsent);
         e.unsent = false;
+        e.sent_at = now;
         Some(e)
     }
 
@@ -152,14 +157,14 @@ impl Inflight {
 }
 
 impl Window {
-    fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool) {
+    fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool, now: u32) {
         debug_assert!(unsent || self.unsent == 0, "resends go first");
         self.track_ids();
         if let Some(bits) = self.in_use.as_mut() {
             set_bit(bits, id, true);
         }
         self.unsent += u16::from(unsent);
-        self.entries.push_back(Entry { packet_id: id, delivery, stage, unsent });
+        self.entries.push_back(Entry { packet_id: id, delivery, stage, unsent, sent_at: now });
     }
 
     fn in_use(&self, id: u16) -> bool {
@@ -227,16 +232,16 @@ mod tests {
     fn ids_skip_zero_and_ids_in_use() {
         let mut w = Inflight::default();
         w.window().next_id = u16::MAX - 1;
-        assert_eq!(w.push(delivery()), u16::MAX);
-        assert_eq!(w.push(delivery()), 1);
+        assert_eq!(w.push(delivery(), 0), u16::MAX);
+        assert_eq!(w.push(delivery(), 0), 1);
         w.window().next_id = 0;
-        assert_eq!(w.push(delivery()), 2, "1 is in use");
+        assert_eq!(w.push(delivery(), 0), 2, "1 is in use");
     }
 
     #[test]
     fn large_windows_never_reuse_an_id_in_use() {
         let mut w = Inflight::default();
-        let ids: Vec<u16> = (0..1000).map(|_| w.push(delivery())).collect();
+        let ids: Vec<u16> = (0..1000).map(|_| w.push(delivery(), 0)).collect();
         assert!(w.window().in_use.is_some(), "switched to the bitmap");
         let mut seen = std::collections::HashSet::new();
         assert!(ids.iter().all(|id| seen.insert(*id)));
@@ -246,7 +251,7 @@ mod tests {
         }
         w.window().next_id = 0;
         for _ in 0..500 {
-            let id = w.push(delivery());
+            let id = w.push(delivery(), 0);
             assert!(seen.insert(id) || ids.iter().step_by(2).any(|f| *f == id), "id {id} was in use");
         }
         assert_eq!(w.len(), 1000);
@@ -255,10 +260,10 @@ mod tests {
     #[test]
     fn qos2_moves_through_release_to_complete() {
         let mut w = Inflight::default();
-        let id = w.push(delivery());
+        let id = w.push(delivery(), 0);
         assert!(w.complete(id, Stage::Released).is_none(), "PUBCOMP before PUBREC is unknown");
-        assert!(w.release(id));
-        assert!(w.release(id), "a repeated PUBREC is harmless");
+        assert_eq!(w.release(id), Some(Some(0)));
+        assert_eq!(w.release(id), Some(None), "a repeated PUBREC is harmless");
         assert!(w.complete(id, Stage::Released).is_some());
         assert!(w.is_empty());
     }
@@ -266,17 +271,17 @@ mod tests {
     #[test]
     fn resume_resends_everything_once() {
         let mut w = Inflight::default();
-        w.push(delivery());
-        w.push(delivery());
+        w.push(delivery(), 0);
+        w.push(delivery(), 0);
         w.mark_all_unsent();
         assert_eq!(w.sent(), 0);
-        assert!(w.next_unsent().is_some());
+        assert!(w.next_unsent(0).is_some());
         assert_eq!(w.sent(), 1);
-        let second = w.next_unsent().unwrap().packet_id;
-        assert!(w.next_unsent().is_none());
+        let second = w.next_unsent(0).unwrap().packet_id;
+        assert!(w.next_unsent(0).is_none());
         w.mark_all_unsent();
         assert!(w.complete(second, Stage::Published).is_some(), "acked before it was resent");
-        assert!(w.next_unsent().is_some());
-        assert!(w.next_unsent().is_none());
+        assert!(w.next_unsent(0).is_some());
+        assert!(w.next_unsent(0).is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! Sessions: the state a client keeps across connections, shared between the connection that
 //! serves it and every publisher that delivers to it.
 
+mod adaptive;
 mod alias;
 mod inflight;
 mod persist;

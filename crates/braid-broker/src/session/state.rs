@@ -12,11 +12,13 @@ use braid_proto::{
     ReasonCode, SubscriptionOptions,
 };
 
+use super::adaptive::{micros, AdaptiveWindow};
 use super::alias::{AliasUse, OutboundAliases};
 use super::inflight::{Inflight, Stage};
 use super::persist::{Persist, Restore};
 use super::qos2::Qos2Ids;
 use super::queue::{Enqueued, Queue, QueueLimits};
+use crate::config::OverflowPolicy;
 use crate::control::ConnControl;
 use crate::message::{Delivery, StreamTag};
 use crate::store::{self, SessionRecord, Stored, Ticket};
@@ -47,6 +49,8 @@ pub struct Link {
     pub max_packet_size: u32,
     /// Unacknowledged QoS 1/2 deliveries allowed (client Receive Maximum, capped by config).
     pub window: usize,
+    /// How much of `window` the acknowledgement delays say to use.
+    pub adaptive: AdaptiveWindow,
     /// Server-assigned topic aliases.
     pub aliases: OutboundAliases,
     /// Closes the connection (takeover, protocol error, shutdown).
@@ -64,7 +68,13 @@ impl Link {
         ctl: Arc<ConnControl>,
     ) -> Link {
         let aliases = OutboundAliases::new(topic_alias_maximum);
-        Link { generation: 0, version, max_packet_size, window, aliases, ctl }
+        let adaptive = AdaptiveWindow::default();
+        Link { generation: 0, version, max_packet_size, window, adaptive, aliases, ctl }
+    }
+
+    /// Unacknowledged QoS 1/2 deliveries allowed now.
+    fn send_window(&self) -> usize {
+        self.window.min(self.adaptive.size())
     }
 }
 
@@ -204,7 +214,7 @@ impl SessionState {
 
     /// Offers a delivery to the session (and to the store, for a persistent session).
     pub fn enqueue(&mut self, d: Delivery) -> Enqueued {
-        let online = self.is_online();
+        let (online, qos) = (self.is_online(), d.qos);
         let r = match self.persist.as_deref_mut() {
             Some(p) if d.qos != QoS::AtMostOnce || self.queue.limits().queue_qos0 => {
                 p.enqueue(d, &mut self.queue, online)
@@ -214,7 +224,18 @@ impl SessionState {
         if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
             self.dropped += 1;
         }
+        let backpressure =
+            qos != QoS::AtMostOnce && self.queue.limits().overflow == OverflowPolicy::Backpressure;
+        if r == Enqueued::Queued && backpressure && self.over_backlog() {
+            return Enqueued::QueuedOverLimit;
+        }
         r
+    }
+
+    /// True while the attached client's queue holds more than its delivery window: the
+    /// client is not keeping up, and more queued would only wait longer.
+    fn over_backlog(&self) -> bool {
+        self.link.as_ref().is_some_and(|l| self.queue.len() > l.adaptive.backlog_limit())
     }
 
     /// Ticket of the session's latest change in the store (0 if it is not persisted).
@@ -267,7 +288,7 @@ impl SessionState {
                 store::Stage::Sent => Stage::Published,
                 store::Stage::Released => Stage::Released,
             };
-            self.inflight.push_with_id(s.delivery, store::packet_id_for(s.seq), stage, true);
+            self.inflight.push_with_id(s.delivery, store::packet_id_for(s.seq), stage, true, 0);
         }
         self.queue.push_front_all(queued);
     }
@@ -290,9 +311,10 @@ impl SessionState {
         known
     }
 
-    /// True while a connected client's full queue holds publishers back (backpressure).
+    /// True while a connected client's queue holds publishers back (backpressure): it is
+    /// full, or holds more than the client's delivery window.
     pub fn blocks_publishers_now(&self) -> bool {
-        self.is_online() && self.queue.is_full()
+        self.is_online() && (self.queue.is_full() || self.over_backlog())
     }
 
     /// [`SessionState::blocks_publishers_now`], remembering that a publisher now waits.
@@ -302,34 +324,45 @@ impl SessionState {
         blocks
     }
 
-    /// True (once) when publishers wait and the queue has drained enough to let them go on.
+    /// True (once) when publishers wait and the queue has drained enough to let them go on:
+    /// to three quarters of its limits and of the delivery window (the gap keeps them from
+    /// being woken for every single message).
     pub fn take_drained(&mut self) -> bool {
-        let drained = self.publishers_waiting && self.queue.is_drained();
+        let below_backlog = |l: &Link| self.queue.len() < l.adaptive.backlog_limit() * 3 / 4;
+        let drained = self.publishers_waiting
+            && self.queue.is_drained()
+            && self.link.as_ref().is_none_or(below_backlog);
         self.publishers_waiting &= !drained;
         drained
     }
 
     /// True if the session can take a delivery now (used to pick a shared-subscription member).
     pub fn can_accept(&self) -> bool {
-        self.is_online() && !self.queue.is_full()
+        self.is_online() && !self.blocks_publishers_now()
     }
 
-    /// PUBACK from the client. False if the id is unknown.
-    pub fn on_puback(&mut self, id: u16) -> bool {
-        self.complete(id, Stage::Published)
+    /// PUBACK from the client, at `now`. False if the id is unknown.
+    pub fn on_puback(&mut self, id: u16, now: Instant) -> bool {
+        self.complete(id, Stage::Published, Some(now))
     }
 
-    fn complete(&mut self, id: u16, stage: Stage) -> bool {
-        let seq = self.inflight.complete(id, stage);
-        done(&mut self.persist, seq.unwrap_or(0));
-        seq.is_some()
+    /// Ends delivery `id` at `stage`; an acknowledgement that arrived at `now` tells the
+    /// adaptive window how long it took.
+    fn complete(&mut self, id: u16, stage: Stage, now: Option<Instant>) -> bool {
+        let full = self.inflight.sent() >= self.link.as_ref().map_or(0, Link::send_window);
+        let Some((seq, sent_at)) = self.inflight.complete(id, stage) else { return false };
+        done(&mut self.persist, seq);
+        if let (Some(now), Some(link)) = (now, self.link.as_mut()) {
+            link.adaptive.on_ack(sent_at, micros(now), full);
+        }
+        true
     }
 
-    /// PUBREC from the client: the PUBREL to answer with, or None if the client refused the
-    /// message (a failure reason ends the exchange).
-    pub fn on_pubrec(&mut self, ack: &Ack) -> Option<Ack> {
+    /// PUBREC from the client, at `now`: the PUBREL to answer with, or None if the client
+    /// refused the message (a failure reason ends the exchange).
+    pub fn on_pubrec(&mut self, ack: &Ack, now: Instant) -> Option<Ack> {
         if ack.reason.is_error() {
-            self.complete(ack.packet_id, Stage::Published);
+            self.complete(ack.packet_id, Stage::Published, Some(now));
             return None;
         }
         if let (Some(seq), Some(p)) =
@@ -337,17 +370,22 @@ impl SessionState {
         {
             p.stage(seq, store::Stage::Released);
         }
-        let reason = if self.inflight.release(ack.packet_id) {
-            ReasonCode::Success
-        } else {
-            ReasonCode::PacketIdentifierNotFound
+        let full = self.inflight.sent() >= self.link.as_ref().map_or(0, Link::send_window);
+        let reason = match self.inflight.release(ack.packet_id) {
+            Some(first) => {
+                if let (Some(sent_at), Some(link)) = (first, self.link.as_mut()) {
+                    link.adaptive.on_ack(sent_at, micros(now), full);
+                }
+                ReasonCode::Success
+            }
+            None => ReasonCode::PacketIdentifierNotFound,
         };
         Some(Ack::with_reason(ack.packet_id, reason))
     }
 
     /// PUBCOMP from the client. False if the id is unknown.
     pub fn on_pubcomp(&mut self, id: u16) -> bool {
-        self.complete(id, Stage::Released)
+        self.complete(id, Stage::Released, None)
     }
 
     /// Encodes what is ready for the attached client into `buf`, stopping once `buf` holds
@@ -364,14 +402,15 @@ impl SessionState {
         let Some(link) = self.link.as_mut() else {
             return t;
         };
-        let version = link.version;
+        let (version, at) = (link.version, micros(now));
+        let window = link.send_window();
         // Resends count against the window of the new connection, which may be smaller.
-        while self.inflight.sent() < link.window {
+        while self.inflight.sent() < window {
             if out.is_full() {
                 t.more = true;
                 break;
             }
-            let Some(e) = self.inflight.next_unsent() else { break };
+            let Some(e) = self.inflight.next_unsent(at) else { break };
             let buf = out.buffer(e.delivery.stream);
             let p = match e.stage {
                 Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
@@ -379,8 +418,8 @@ impl SessionState {
                     None => {
                         // Too large for the client now: discard it as if sent (MQTT-3.1.2-25).
                         let (id, stage) = (e.packet_id, e.stage);
-                        let seq = self.inflight.complete(id, stage);
-                        done(&mut self.persist, seq.unwrap_or(0));
+                        let seq = self.inflight.complete(id, stage).map_or(0, |(seq, _)| seq);
+                        done(&mut self.persist, seq);
                         t.dropped += 1;
                         continue;
                     }
@@ -395,7 +434,7 @@ impl SessionState {
                 t.more = true;
                 break;
             };
-            let window_full = self.inflight.len() >= link.window;
+            let window_full = self.inflight.len() >= window;
             if window_full && self.queue.get(i).is_some_and(|d| d.qos != QoS::AtMostOnce) {
                 break;
             }
@@ -427,9 +466,9 @@ impl SessionState {
                 (_, Some(id), Some(persist)) => {
                     persist.stage(d.seq, store::Stage::Sent);
                     p.packet_id = id;
-                    self.inflight.push_with_id(d, id, Stage::Published, false);
+                    self.inflight.push_with_id(d, id, Stage::Published, false, at);
                 }
-                _ => p.packet_id = self.inflight.push(d),
+                _ => p.packet_id = self.inflight.push(d, at),
             }
             let _ = encode(&Packet::Publish(p), version, buf);
             t.published += 1;
@@ -489,7 +528,7 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{OverflowPolicy, SessionConfig};
+    use crate::config::SessionConfig;
     use crate::message::Message;
     use braid_proto::{decode, Bytes};
 
@@ -545,8 +584,8 @@ mod tests {
         let ids: Vec<u16> = publishes(&sent).iter().map(|p| p.packet_id).collect();
         assert_eq!(ids.len(), 2, "Receive Maximum 2 allows two in flight");
         assert!(transmit(&mut st, Instant::now()).is_empty());
-        assert!(st.on_puback(ids[0]));
-        assert!(!st.on_puback(ids[0]), "a second PUBACK for the same id is unknown");
+        assert!(st.on_puback(ids[0], Instant::now()));
+        assert!(!st.on_puback(ids[0], Instant::now()), "a second PUBACK for the same id is unknown");
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 1);
     }
 
@@ -572,7 +611,7 @@ mod tests {
         let first = publishes(&sent).iter().map(|p| (p.packet_id, p.dup)).collect::<Vec<_>>();
         assert_eq!(first.iter().filter(|(_, dup)| *dup).count(), 0);
         let qos2_id = first[1].0;
-        assert_eq!(st.on_pubrec(&Ack::new(qos2_id)), Some(Ack::new(qos2_id)));
+        assert_eq!(st.on_pubrec(&Ack::new(qos2_id), Instant::now()), Some(Ack::new(qos2_id)));
         assert!(transmit(&mut st, Instant::now()).is_empty(), "nothing new to send");
         assert!(st.detach(g));
         st.attach(link(ProtocolVersion::V3_1_1, 10, 0));
