@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 
+use super::adaptive::AdaptiveWindow;
 use crate::message::Delivery;
 
 /// Where an outbound QoS 1/2 delivery stands.
@@ -46,6 +47,8 @@ struct Window {
     /// Packet ids in use, one bit each, once the window is large enough that scanning the
     /// entries for a free id would cost more than the 8 KiB this takes.
     in_use: Option<Box<[u64; 1024]>>,
+    /// How many deliveries the current connection's acknowledgement delays say to send ahead.
+    adaptive: AdaptiveWindow,
 }
 
 /// Entries up to which finding a free packet id by scanning is cheaper than a bitmap.
@@ -126,9 +129,32 @@ impl Inflight {
         }
     }
 
-    /// Marks every entry to be sent again (a client reconnected to the session).
+    /// Deliveries the current connection may have unacknowledged by its acknowledgement
+    /// delays (its Receive Maximum caps it further).
+    pub fn adaptive_size(&self) -> usize {
+        self.0.as_ref().map_or_else(|| AdaptiveWindow::default().size(), |w| w.adaptive.size())
+    }
+
+    /// Queued deliveries above which publishers are held back.
+    pub fn backlog_limit(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or_else(|| AdaptiveWindow::default().backlog_limit(), |w| w.adaptive.backlog_limit())
+    }
+
+    /// An acknowledgement of a delivery sent at `sent` arrived at `now`
+    /// ([`AdaptiveWindow::on_ack`]).
+    pub fn acknowledged(&mut self, sent: u32, now: u32, full: bool) {
+        if let Some(w) = self.0.as_deref_mut() {
+            w.adaptive.on_ack(sent, now, full);
+        }
+    }
+
+    /// Marks every entry to be sent again (a client reconnected to the session), whose
+    /// window starts afresh.
     pub fn mark_all_unsent(&mut self) {
         if let Some(w) = self.0.as_deref_mut() {
+            w.adaptive = AdaptiveWindow::default();
             for e in &mut w.entries {
                 e.unsent = true;
             }

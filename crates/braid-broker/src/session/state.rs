@@ -12,7 +12,7 @@ use braid_proto::{
     ReasonCode, SubscriptionOptions,
 };
 
-use super::adaptive::{micros, AdaptiveWindow};
+use super::adaptive::micros;
 use super::alias::{AliasUse, OutboundAliases};
 use super::inflight::{Inflight, Stage};
 use super::persist::{Persist, Restore};
@@ -49,8 +49,6 @@ pub struct Link {
     pub max_packet_size: u32,
     /// Unacknowledged QoS 1/2 deliveries allowed (client Receive Maximum, capped by config).
     pub window: usize,
-    /// How much of `window` the acknowledgement delays say to use.
-    pub adaptive: AdaptiveWindow,
     /// Server-assigned topic aliases.
     pub aliases: OutboundAliases,
     /// Closes the connection (takeover, protocol error, shutdown).
@@ -68,13 +66,7 @@ impl Link {
         ctl: Arc<ConnControl>,
     ) -> Link {
         let aliases = OutboundAliases::new(topic_alias_maximum);
-        let adaptive = AdaptiveWindow::default();
-        Link { generation: 0, version, max_packet_size, window, adaptive, aliases, ctl }
-    }
-
-    /// Unacknowledged QoS 1/2 deliveries allowed now.
-    fn send_window(&self) -> usize {
-        self.window.min(self.adaptive.size())
+        Link { generation: 0, version, max_packet_size, window, aliases, ctl }
     }
 }
 
@@ -235,7 +227,7 @@ impl SessionState {
     /// True while the attached client's queue holds more than its delivery window: the
     /// client is not keeping up, and more queued would only wait longer.
     fn over_backlog(&self) -> bool {
-        self.link.as_ref().is_some_and(|l| self.queue.len() > l.adaptive.backlog_limit())
+        self.is_online() && self.queue.len() > self.inflight.backlog_limit()
     }
 
     /// Ticket of the session's latest change in the store (0 if it is not persisted).
@@ -328,10 +320,8 @@ impl SessionState {
     /// to three quarters of its limits and of the delivery window (the gap keeps them from
     /// being woken for every single message).
     pub fn take_drained(&mut self) -> bool {
-        let below_backlog = |l: &Link| self.queue.len() < l.adaptive.backlog_limit() * 3 / 4;
-        let drained = self.publishers_waiting
-            && self.queue.is_drained()
-            && self.link.as_ref().is_none_or(below_backlog);
+        let below_backlog = !self.is_online() || self.queue.len() < self.inflight.backlog_limit() * 3 / 4;
+        let drained = self.publishers_waiting && self.queue.is_drained() && below_backlog;
         self.publishers_waiting &= !drained;
         drained
     }
@@ -349,13 +339,24 @@ impl SessionState {
     /// Ends delivery `id` at `stage`; an acknowledgement that arrived at `now` tells the
     /// adaptive window how long it took.
     fn complete(&mut self, id: u16, stage: Stage, now: Option<Instant>) -> bool {
-        let full = self.inflight.sent() >= self.link.as_ref().map_or(0, Link::send_window);
+        let full = self.window_full();
         let Some((seq, sent_at)) = self.inflight.complete(id, stage) else { return false };
         done(&mut self.persist, seq);
-        if let (Some(now), Some(link)) = (now, self.link.as_mut()) {
-            link.adaptive.on_ack(sent_at, micros(now), full);
+        if let Some(now) = now {
+            self.inflight.acknowledged(sent_at, micros(now), full);
         }
         true
+    }
+
+    /// Unacknowledged QoS 1/2 deliveries the attached connection may have now: its Receive
+    /// Maximum (capped by config) and, within that, its adaptive window.
+    fn send_window(&self) -> usize {
+        self.link.as_ref().map_or(0, |l| l.window.min(self.inflight.adaptive_size()))
+    }
+
+    /// True while the attached connection's window is in use up to its size.
+    fn window_full(&self) -> bool {
+        self.inflight.sent() >= self.send_window()
     }
 
     /// PUBREC from the client, at `now`: the PUBREL to answer with, or None if the client
@@ -370,11 +371,11 @@ impl SessionState {
         {
             p.stage(seq, store::Stage::Released);
         }
-        let full = self.inflight.sent() >= self.link.as_ref().map_or(0, Link::send_window);
+        let full = self.window_full();
         let reason = match self.inflight.release(ack.packet_id) {
             Some(first) => {
-                if let (Some(sent_at), Some(link)) = (first, self.link.as_mut()) {
-                    link.adaptive.on_ack(sent_at, micros(now), full);
+                if let Some(sent_at) = first {
+                    self.inflight.acknowledged(sent_at, micros(now), full);
                 }
                 ReasonCode::Success
             }
@@ -399,11 +400,11 @@ impl SessionState {
     /// whose stream has no room is passed over for later ones whose stream has room.
     pub fn poll_transmit_to(&mut self, now: Instant, out: &mut impl Outbox) -> Transmit {
         let mut t = Transmit::default();
+        let window = self.send_window();
         let Some(link) = self.link.as_mut() else {
             return t;
         };
         let (version, at) = (link.version, micros(now));
-        let window = link.send_window();
         // Resends count against the window of the new connection, which may be smaller.
         while self.inflight.sent() < window {
             if out.is_full() {
