@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::park::ParkingLot;
 use crate::retained::Retained;
 use crate::router::{Router, SubEntry};
-use crate::session::{Enqueued, Link, Persist, QueueLimits, Restore, Session, SubscriptionRecord};
+use crate::session::{Enqueued, Link, Persist, QueueLimits, Release, Restore, Session, SubscriptionRecord};
 use crate::store::{self, Op, Store, StoreError, Ticket};
 
 /// Everything the connections share.
@@ -326,7 +326,7 @@ impl Broker {
             }
             st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
         };
-        old.release_publishers();
+        old.release_publishers(Release::All);
         if let Some(will) = will {
             self.publish_will(old, *will);
         }
@@ -501,7 +501,7 @@ impl Broker {
             st.save();
             (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs)
         };
-        session.release_publishers();
+        session.release_publishers(Release::All);
         self.metrics.client_disconnected();
         self.schedule_end(session, generation, will_delay, expiry, 0);
     }

@@ -309,9 +309,7 @@ pub(crate) fn transmit(
         let t = poll(&mut st);
         (t, st.take_drained())
     };
-    if drained {
-        session.release_publishers();
-    }
+    session.release_publishers(drained);
     Metrics::add(&broker.metrics.messages_sent, t.published);
     Metrics::add(&broker.metrics.messages_dropped, t.dropped);
     t.more

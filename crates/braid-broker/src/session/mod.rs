@@ -22,7 +22,7 @@ pub use alias::OutboundAliases;
 pub use persist::{Persist, Restore};
 pub use qos2::Qos2Ids;
 pub use queue::{Enqueued, OnDisk, Queue, QueueLimits};
-pub use state::{Link, Outbox, SessionState, SubscriptionRecord, Transmit};
+pub use state::{Link, Outbox, Release, SessionState, SubscriptionRecord, Transmit};
 
 use crate::message::Delivery;
 
@@ -64,23 +64,26 @@ impl Session {
         (r, st.ticket())
     }
 
-    /// Waits until this session no longer holds publishers back: its queue drained, or its
-    /// client went away.
+    /// Waits until this session lets the caller, a publisher it holds back, go on: in turn
+    /// as its queue drains, or at once when its client goes away (see
+    /// [`SessionState::take_drained`]). Waiting publishers go in the order they began to wait.
     pub async fn wait_for_space(&self) {
-        loop {
-            // A `Notified` sees every notify_waiters() from its creation on.
-            let notified = self.space.get_or_init(Box::default).notified();
-            if !self.lock().blocks_publishers() {
-                return;
-            }
+        let notified = self.space.get_or_init(Box::default).notified();
+        tokio::pin!(notified);
+        // In the queue of waiters before it is counted, so a release finds it there.
+        notified.as_mut().enable();
+        if self.lock().blocks_publishers() {
             notified.await;
         }
     }
 
-    /// Wakes the publishers waiting in [`Session::wait_for_space`] to look again.
-    pub fn release_publishers(&self) {
-        if let Some(space) = self.space.get() {
-            space.notify_waiters();
+    /// Lets publishers waiting in [`Session::wait_for_space`] go on.
+    pub fn release_publishers(&self, release: Release) {
+        let Some(space) = self.space.get() else { return };
+        match release {
+            Release::None => {}
+            Release::First(n) => (0..n).for_each(|_| space.notify_one()),
+            Release::All => space.notify_waiters(),
         }
     }
 

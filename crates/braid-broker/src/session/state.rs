@@ -70,6 +70,17 @@ impl Link {
     }
 }
 
+/// Publishers held back by a session that may go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// None yet.
+    None,
+    /// This many, longest waiting first.
+    First(u32),
+    /// Every one (the queue is empty, or its client went away).
+    All,
+}
+
 /// Delivery `seq` of a persistent session is finished.
 fn done(persist: &mut Option<Box<Persist>>, seq: u64) {
     if let Some(p) = persist.as_deref_mut() {
@@ -141,8 +152,9 @@ pub struct SessionState {
     pub generation: u64,
     /// Deliveries this session has dropped (queue full, expired, too large).
     pub dropped: u64,
-    /// A publisher waits for this queue to drain (backpressure).
-    publishers_waiting: bool,
+    /// Publishers waiting for this queue to drain (backpressure), as counted when they began
+    /// to wait.
+    held: u32,
     /// The store link of a persistent session (None: nothing of it is written anywhere).
     pub persist: Option<Box<Persist>>,
 }
@@ -160,7 +172,7 @@ impl SessionState {
             will: None,
             generation: 0,
             dropped: 0,
-            publishers_waiting: false,
+            held: 0,
             persist: None,
         }
     }
@@ -309,21 +321,33 @@ impl SessionState {
         self.is_online() && (self.queue.is_full() || self.over_backlog())
     }
 
-    /// [`SessionState::blocks_publishers_now`], remembering that a publisher now waits.
+    /// [`SessionState::blocks_publishers_now`], counting a publisher that now waits.
     pub fn blocks_publishers(&mut self) -> bool {
         let blocks = self.blocks_publishers_now();
-        self.publishers_waiting |= blocks;
+        self.held = self.held.saturating_add(u32::from(blocks));
         blocks
     }
 
-    /// True (once) when publishers wait and the queue has drained enough to let them go on:
-    /// to three quarters of its limits and of the delivery window (the gap keeps them from
-    /// being woken for every single message).
-    pub fn take_drained(&mut self) -> bool {
-        let below_backlog = !self.is_online() || self.queue.len() < self.inflight.backlog_limit() * 3 / 4;
-        let drained = self.publishers_waiting && self.queue.is_drained() && below_backlog;
-        self.publishers_waiting &= !drained;
-        drained
+    /// Which waiting publishers may go on now (see [`Release`]). Once the queue has drained
+    /// to three quarters of its limits and of the delivery window, as many as there is room
+    /// for below the window go, longest waiting first; all of them once it is empty. The gap
+    /// keeps them from being woken for every single message.
+    pub fn take_drained(&mut self) -> Release {
+        if self.held == 0 {
+            return Release::None;
+        }
+        let backlog = self.inflight.backlog_limit();
+        let len = self.queue.len();
+        if len == 0 || !self.is_online() {
+            self.held = 0;
+            return Release::All;
+        }
+        if !self.queue.is_drained() || len >= backlog * 3 / 4 {
+            return Release::None;
+        }
+        let n = self.held.min((backlog - len) as u32);
+        self.held -= n;
+        Release::First(n)
     }
 
     /// True if the session can take a delivery now (used to pick a shared-subscription member).
@@ -632,6 +656,44 @@ mod tests {
         assert_eq!(st.dropped, 1);
         st.attach(link(ProtocolVersion::V5, 10, 0));
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 2);
+    }
+
+    #[test]
+    fn a_queue_beyond_the_window_holds_publishers_and_releases_them_in_turn() {
+        let config = SessionConfig { max_queued_messages: 1000, ..Default::default() };
+        let mut st = SessionState::new(Arc::new(QueueLimits::from_config(&config)));
+        st.attach(link(ProtocolVersion::V5, 1000, 0));
+        // A new connection's window is 64: the 65th queued delivery is one too many.
+        for _ in 0..64 {
+            assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
+        }
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::QueuedOverLimit);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::Queued, "QoS 0 is never held");
+        for _ in 0..3 {
+            assert!(st.blocks_publishers());
+        }
+        assert_eq!(st.take_drained(), Release::None, "not drained yet");
+        // The window takes 64; the rest (QoS 0 keeps its place behind QoS 1) is far below
+        // three quarters of 64.
+        assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 64);
+        assert_eq!(st.queue.len(), 2);
+        assert_eq!(st.take_drained(), Release::First(3), "room for all three");
+        assert_eq!(st.take_drained(), Release::None, "once");
+        // More waiting than room: only as many as fit go, longest waiting first; all of them
+        // once the queue is empty.
+        for _ in 0..100 {
+            st.enqueue(delivery("t", QoS::AtLeastOnce));
+        }
+        for _ in 0..100 {
+            assert!(st.blocks_publishers());
+        }
+        while st.queue.len() > 40 {
+            st.queue.pop();
+        }
+        assert_eq!(st.take_drained(), Release::First(24), "64 - 40");
+        st.queue.drain().for_each(drop);
+        assert_eq!(st.take_drained(), Release::All);
+        assert_eq!(st.take_drained(), Release::None);
     }
 
     #[test]
