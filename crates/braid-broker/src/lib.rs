@@ -13,6 +13,7 @@ pub mod broker;
 pub mod config;
 pub mod connection;
 pub mod control;
+mod handover;
 pub mod limits;
 pub mod listener;
 pub mod message;

@@ -58,7 +58,8 @@ pub async fn serve_verified<R, W>(
     let Some(start) = handshake(&broker, &mut rd, &mut wr, peer, verified_username).await else { return };
     let mut conn = Connection::new(&broker, &start.accepted, start.version, peer, start.out);
     let acl = broker.security.resume_acl(start.acl, &start.accepted.session.client_id);
-    let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new(), acl).await {
+    // What the stream layer (TLS, WebSocket) holds unread cannot be seen from here.
+    let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new(), acl, |_| false).await {
         Stop::End(ending) => ending,
         // Parking is only ever asked of connections whose transport allowed it.
         Stop::Park(..) => Ending::WithWill,
@@ -157,6 +158,8 @@ pub(crate) async fn admit(
             return Err(ReasonCode::NotAuthorized);
         }
     }
+    // A connection that holds this client's session first handles what it was already sent.
+    crate::handover::wait(broker, client_id).await;
     let (accepted, connack, restore) = broker.connect(connect).inspect_err(|reason| {
         info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
     })?;
@@ -339,7 +342,8 @@ impl<'a> Connection<'a> {
         Connection { broker, a, version, peer, out, written: 0 }
     }
 
-    /// Reads, handles and writes until the connection ends or parks.
+    /// Reads, handles and writes until the connection ends or parks. `unread` says whether
+    /// bytes from the client wait below `rd`, not yet read (see [`crate::handover`]).
     async fn run<R, W>(
         &mut self,
         rd: &mut R,
@@ -347,6 +351,7 @@ impl<'a> Connection<'a> {
         mut rbuf: ReadBuffer,
         aliases: HashMap<u16, ByteString>,
         acl: ConnectionAcl<'_>,
+        unread: impl Fn(&R) -> bool,
     ) -> Stop
     where
         R: AsyncRead + Unpin,
@@ -358,6 +363,8 @@ impl<'a> Connection<'a> {
         // Deliveries may be waiting already (a resumed session): look before the first wait.
         let mut transmit = true;
         let mut was_held = false;
+        // A takeover waits until what the client had sent is handled.
+        let mut handing_over = false;
         loop {
             let flow = loop {
                 if inbound.is_held() {
@@ -401,8 +408,14 @@ impl<'a> Connection<'a> {
             // Most connections are idle most of the time: they wait on a small future. The full
             // wait (writing, held acknowledgements) lives in a box only while it is needed, so
             // an idle connection's task stays small.
+            // Complete packets are handled: once nothing more waits on the socket (or nothing
+            // can be read, while held), the takeover may go on.
+            if handing_over && (held || !unread(rd)) {
+                handing_over = false;
+                crate::handover::answer(broker, &a.ctl);
+            }
             let idle = !held && self.out.is_empty() && !inbound.awaits_sync();
-            if idle && !transmit && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
+            if idle && !transmit && !handing_over && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
                 // Nothing to read, write or send since the last wake: give up the task.
                 let (aliases, acl) = inbound.into_kept();
                 return Stop::Park(aliases, acl.into_seed());
@@ -425,6 +438,7 @@ impl<'a> Connection<'a> {
                     // Cleared before the session is looked at, so a later wake unparks.
                     a.ctl.clear_woken();
                     transmit = true;
+                    handing_over |= a.ctl.handover_asked();
                 }
                 Event::Wrote(Ok(n)) if n > 0 => {
                     a.ctl.wrote(broker.now_ms());

@@ -5,6 +5,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use rustix::net::RecvFlags;
+use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
 use tracing::warn;
 
@@ -69,7 +71,7 @@ async fn drive(
     let stop = {
         let (mut rd, mut wr) = stream.split();
         let acl = broker.security.resume_acl(acl, &accepted.session.client_id);
-        conn.run(&mut rd, &mut wr, rbuf, aliases, acl).await
+        conn.run(&mut rd, &mut wr, rbuf, aliases, acl, unread).await
     };
     let ending = match stop {
         Stop::End(ending) => ending,
@@ -88,4 +90,12 @@ async fn drive(
     };
     let (_, mut wr) = stream.split();
     conn.finish(&mut wr, ending).await;
+}
+
+/// True if bytes from the client (or its end of stream) wait in the socket's kernel buffer, not
+/// yet read: asked of the socket itself, not of the runtime's readiness, which may lag behind.
+fn unread(rd: &ReadHalf<'_>) -> bool {
+    let mut byte = [0u8];
+    let peeked = rustix::net::recv(rd.as_ref(), &mut byte, RecvFlags::PEEK | RecvFlags::DONTWAIT);
+    !matches!(peeked, Err(rustix::io::Errno::AGAIN))
 }
