@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use braid_proto::topic::{parse_shared, valid_topic_filter};
@@ -54,6 +55,8 @@ pub struct Broker {
     pub store: Arc<dyn Store>,
     /// Where idle plain-TCP connections park, once the server has started it.
     lot: OnceLock<Arc<ParkingLot>>,
+    /// Notified when a connection answers a takeover or detaches (see [`crate::handover`]).
+    pub(crate) handovers: Notify,
 }
 
 /// What became of a published message.
@@ -125,6 +128,7 @@ impl Broker {
             next_session_id: AtomicU64::new(1),
             queue_limits,
             lot: OnceLock::new(),
+            handovers: Notify::new(),
             store,
         })
     }
@@ -313,6 +317,14 @@ impl Broker {
         Ok((Accepted { session, generation, ctl }, connack, restore))
     }
 
+    /// The session of `client_id` with its attached connection's generation and control, if a
+    /// connection is attached.
+    pub(crate) fn attached(&self, client_id: &str) -> Option<(Arc<Session>, u64, Arc<ConnControl>)> {
+        let session = self.sessions.lock().get(client_id)?.0.clone();
+        let found = session.lock().link.as_ref().map(|l| (l.generation, l.ctl.clone()));
+        found.map(|(generation, ctl)| (session, generation, ctl))
+    }
+
     /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
     /// session (clean start). A will without delay is sent, as the old connection closed
     /// without DISCONNECT; a delayed will is cancelled by the new connection.
@@ -334,6 +346,7 @@ impl Broker {
             self.drop_subscriptions(old);
             old.lock().forget();
         }
+        self.handovers.notify_waiters();
     }
 
     /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
@@ -504,6 +517,8 @@ impl Broker {
         session.release_publishers(Release::All);
         self.metrics.client_disconnected();
         self.schedule_end(session, generation, will_delay, expiry, 0);
+        // A CONNECT waiting to take the session over finds it ended or offline.
+        self.handovers.notify_waiters();
     }
 
     /// Sends the will of offline `session` after `will_delay` seconds (if it has one) and ends

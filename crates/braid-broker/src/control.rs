@@ -1,11 +1,12 @@
 //! The handle through which anything outside a connection's task reaches it: a wake-up when
 //! deliveries are ready, a close request (takeover, shutdown, eviction, keep-alive expiry), the
-//! activity clocks the broker's sweeper reads, and the parking state of an idle connection
-//! (see [`crate::park`]). One small struct, so an idle connection waits on a single
+//! activity clocks the broker's sweeper reads, the parking state of an idle connection
+//! (see [`crate::park`]) and a takeover's request to read what already arrived first (see
+//! [`crate::handover`]). One small struct, so an idle connection waits on a single
 //! notification, or on nothing at all once parked.
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use once_cell::race::OnceBox;
@@ -17,6 +18,13 @@ use crate::park::ParkingLot;
 
 /// `parked` when the connection has a task.
 const NOT_PARKED: usize = usize::MAX;
+
+/// `handover`: no request, or the last one answered.
+const HANDOVER_NONE: u8 = 0;
+/// `handover`: a new connection of this client waits for this one to read what arrived.
+const HANDOVER_ASKED: u8 = 1;
+/// `handover`: the connection has handled what had arrived when it was asked.
+const HANDOVER_DONE: u8 = 2;
 
 /// Why a connection closes: the reason code and a human-readable detail, sent to v5 clients as
 /// DISCONNECT's Reason String.
@@ -44,6 +52,8 @@ pub struct ConnControl {
     park_requested: AtomicBool,
     /// The parking lot's key while parked, else `NOT_PARKED`.
     parked: AtomicUsize,
+    /// Where a takeover's request stands (`HANDOVER_*`).
+    handover: AtomicU8,
     /// Where the connection parks; set once its transport can park.
     lot: OnceLock<Arc<ParkingLot>>,
 }
@@ -63,6 +73,7 @@ impl ConnControl {
             woken: AtomicBool::new(false),
             park_requested: AtomicBool::new(false),
             parked: AtomicUsize::new(NOT_PARKED),
+            handover: AtomicU8::new(HANDOVER_NONE),
             lot: OnceLock::new(),
         }
     }
@@ -175,6 +186,29 @@ impl ConnControl {
             .get()
             .cloned()
             .unwrap_or((ReasonCode::ServerShuttingDown, Cow::Borrowed("server shutting down")))
+    }
+
+    /// Asks the connection to handle what its client already sent before a new connection
+    /// takes its session over; [`ConnControl::handed_over`] says when it has.
+    pub fn ask_handover(&self) {
+        self.handover.store(HANDOVER_ASKED, Ordering::SeqCst);
+        self.wake();
+    }
+
+    /// True while a takeover waits for this connection (see [`ConnControl::ask_handover`]).
+    pub fn handover_asked(&self) -> bool {
+        self.handover.load(Ordering::SeqCst) == HANDOVER_ASKED
+    }
+
+    /// The connection has handled what its client sent before it was asked to hand over.
+    pub fn hand_over(&self) {
+        let _ =
+            self.handover.compare_exchange(HANDOVER_ASKED, HANDOVER_DONE, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// True once the connection answered the last [`ConnControl::ask_handover`].
+    pub fn handed_over(&self) -> bool {
+        self.handover.load(Ordering::SeqCst) == HANDOVER_DONE
     }
 
     /// Bytes arrived at `now_ms`.

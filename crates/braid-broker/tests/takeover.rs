@@ -1,6 +1,7 @@
 //! Session takeover: a second connection with the same client id closes the first with
 //! DISCONNECT 0x8E; the first connection's will (no delay) is published, a delayed will is
-//! cancelled when the session continues; the new connection works normally.
+//! cancelled when the session continues; the new connection works normally. What the old
+//! connection's client sent before the new CONNECT (a DISCONNECT) is handled first.
 
 mod common;
 
@@ -80,4 +81,33 @@ async fn takeover_resuming_the_session_cancels_a_delayed_will() {
     bb.publish_and_ack("will/marker", QoS::AtLeastOnce, b"marker", 1).await;
     let got = w.expect_publish().await;
     assert_eq!(&*got.topic, "will/marker", "the delayed will was published");
+}
+
+/// A client that sends DISCONNECT and at once CONNECTs again on a new socket: the DISCONNECT
+/// is honoured (no will, the session ended or kept as its expiry says), not lost to a takeover
+/// that would publish the will. Many rounds, since a lost DISCONNECT is a matter of timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_then_reconnect_at_once_is_never_a_takeover() {
+    let b = start_default().await;
+    let mut w = watcher(b.addr).await;
+    for round in 0..500u32 {
+        // Even rounds: the session ends at DISCONNECT (expiry 0); odd rounds: it is kept.
+        let expiry = if round % 2 == 0 { 0 } else { 300 };
+        let mut c = connect_with_expiry("reconnects", true, expiry);
+        c.will = will("will/reconnects", b"lost a DISCONNECT");
+        let (mut a, _) = TestClient::connect_ok(b.addr, V5, c).await;
+        a.send(Packet::Disconnect(Disconnect {
+            reason: ReasonCode::Success,
+            properties: Properties::default(),
+        }))
+        .await;
+        let (bb, ack) = TestClient::connect_ok(b.addr, V5, connect_with_expiry("reconnects", false, 0)).await;
+        assert_eq!(ack.session_present, expiry != 0, "round {round}: session present");
+        assert_eq!(a.expect_closed().await, None, "round {round}: the old connection was not taken over");
+        bb.disconnect().await;
+    }
+    // A will published at a takeover would be routed before this marker.
+    let (mut p, _) = TestClient::connect_ok(b.addr, V5, connect_packet("reconnect-marker", true)).await;
+    p.publish_and_ack("will/marker", QoS::AtLeastOnce, b"marker", 1).await;
+    assert_eq!(&*w.expect_publish().await.topic, "will/marker", "a will was published");
 }

@@ -58,7 +58,8 @@ pub async fn serve_verified<R, W>(
     let Some(start) = handshake(&broker, &mut rd, &mut wr, peer, verified_username).await else { return };
     let mut conn = Connection::new(&broker, &start.accepted, start.version, peer, start.out);
     let acl = broker.security.resume_acl(start.acl, &start.accepted.session.client_id);
-    let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new(), acl).await {
+    // What the stream layer (TLS, WebSocket) holds unread cannot be seen from here.
+    let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new(), acl, |_| false).await {
         Stop::End(ending) => ending,
         // Parking is only ever asked of connections whose transport allowed it.
         Stop::Park(..) => Ending::WithWill,
@@ -90,6 +91,22 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let (connect, rbuf) = wait_for_connect(broker, rd, wr, peer).await?;
+    start(broker, wr, connect, rbuf, peer, verified_username).await
+}
+
+/// Reads the first packet, which must be a CONNECT, within the connect timeout; returns it
+/// with what was read after it. None (logged, the client refused if need be) otherwise.
+async fn wait_for_connect<R, W>(
+    broker: &Arc<Broker>,
+    rd: &mut R,
+    wr: &mut W,
+    peer: SocketAddr,
+) -> Option<(Box<Connect>, ReadBuffer)>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut rbuf = ReadBuffer::default();
     let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
     // Boxed: the connect phase is short, and its timers should not stay in every task.
@@ -100,23 +117,34 @@ where
         }
     })
     .await;
-    let connect = match first {
+    match first {
         Err(_) => {
             info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
-            return None;
+            None
         }
-        Ok(Err(FirstPacket::Eof)) => return None,
+        Ok(Err(FirstPacket::Eof)) => None,
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing connection: {why}");
             Box::pin(refuse(wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)).await;
-            return None;
+            None
         }
         Ok(Err(FirstPacket::Close(why))) => {
             info!(%peer, "closing connection: {why}");
-            return None;
+            None
         }
-        Ok(Ok(c)) => c,
-    };
+        Ok(Ok(c)) => Some((c, rbuf)),
+    }
+}
+
+/// Admits a client by its CONNECT (see [`admit`]); None (the client refused) if it may not.
+async fn start<W: AsyncWrite + Unpin>(
+    broker: &Arc<Broker>,
+    wr: &mut W,
+    connect: Box<Connect>,
+    rbuf: ReadBuffer,
+    peer: SocketAddr,
+    verified_username: Option<String>,
+) -> Option<Start> {
     let version = connect.protocol;
     let (accepted, connack, acl) = match admit(broker, &connect, verified_username.as_deref(), peer).await {
         Ok(a) => a,
@@ -157,6 +185,8 @@ pub(crate) async fn admit(
             return Err(ReasonCode::NotAuthorized);
         }
     }
+    // A connection that holds this client's session first handles what it was already sent.
+    crate::handover::wait(broker, client_id).await;
     let (accepted, connack, restore) = broker.connect(connect).inspect_err(|reason| {
         info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
     })?;
@@ -337,7 +367,8 @@ impl<'a> Connection<'a> {
         Connection { broker, a, version, peer, out, written: 0 }
     }
 
-    /// Reads, handles and writes until the connection ends or parks.
+    /// Reads, handles and writes until the connection ends or parks. `unread` says whether
+    /// bytes from the client wait below `rd`, not yet read (see [`crate::handover`]).
     async fn run<R, W>(
         &mut self,
         rd: &mut R,
@@ -345,6 +376,7 @@ impl<'a> Connection<'a> {
         mut rbuf: ReadBuffer,
         aliases: HashMap<u16, ByteString>,
         acl: ConnectionAcl<'_>,
+        unread: impl Fn(&R) -> bool,
     ) -> Stop
     where
         R: AsyncRead + Unpin,
@@ -356,6 +388,8 @@ impl<'a> Connection<'a> {
         // Deliveries may be waiting already (a resumed session): look before the first wait.
         let mut transmit = true;
         let mut was_held = false;
+        // A takeover waits until what the client had sent is handled.
+        let mut handing_over = false;
         loop {
             let flow = loop {
                 if inbound.is_held() {
@@ -399,8 +433,14 @@ impl<'a> Connection<'a> {
             // Most connections are idle most of the time: they wait on a small future. The full
             // wait (writing, held acknowledgements) lives in a box only while it is needed, so
             // an idle connection's task stays small.
+            // Complete packets are handled: once nothing more waits on the socket (or nothing
+            // can be read, while held), the takeover may go on.
+            if handing_over && (held || !unread(rd)) {
+                handing_over = false;
+                crate::handover::answer(broker, &a.ctl);
+            }
             let idle = !held && self.out.is_empty() && !inbound.awaits_sync();
-            if idle && !transmit && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
+            if idle && !transmit && !handing_over && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
                 // Nothing to read, write or send since the last wake: give up the task.
                 let (aliases, acl) = inbound.into_kept();
                 return Stop::Park(aliases, acl.into_seed());
@@ -423,6 +463,7 @@ impl<'a> Connection<'a> {
                     // Cleared before the session is looked at, so a later wake unparks.
                     a.ctl.clear_woken();
                     transmit = true;
+                    handing_over |= a.ctl.handover_asked();
                 }
                 Event::Wrote(Ok(n)) if n > 0 => {
                     a.ctl.wrote(broker.now_ms());

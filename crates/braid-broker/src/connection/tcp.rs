@@ -5,33 +5,60 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use rustix::net::RecvFlags;
+use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
+use tokio::runtime::Handle;
+use tokio_util::task::TaskTracker;
 use tracing::warn;
 
 use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 
-use super::{handshake, Connection, Stop};
+use super::{start, wait_for_connect, Connection, Stop};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
 use crate::park::{Parked, ParkingLot};
 
-/// Serves one TCP client; with a `lot`, the connection parks there while idle.
+/// Serves one TCP client: waits for its CONNECT on the current runtime (the listener's
+/// handshake thread), then admits the client and runs the connection as a task of `tasks` on
+/// `main`; with a `lot`, the connection parks there while idle.
 pub async fn serve(
     broker: Arc<Broker>,
     mut stream: TcpStream,
     peer: SocketAddr,
     lot: Option<Arc<ParkingLot>>,
+    main: Handle,
+    tasks: TaskTracker,
 ) {
-    let start = {
+    let first = {
         let (mut rd, mut wr) = stream.split();
-        handshake(&broker, &mut rd, &mut wr, peer, None).await
+        wait_for_connect(&broker, &mut rd, &mut wr, peer).await
     };
-    let Some(start) = start else { return };
-    if let Some(lot) = &lot {
-        start.accepted.ctl.allow_parking(lot);
-    }
-    let kept = (HashMap::new(), start.acl);
-    drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
+    let Some((connect, rbuf)) = first else { return };
+    // The socket leaves this runtime's reactor for the main one's.
+    let stream = match stream.into_std() {
+        Ok(s) => s,
+        Err(e) => return warn!(%peer, "closing connection: cannot move it to the broker's runtime: {e}"),
+    };
+    tasks.spawn_on(
+        async move {
+            let mut stream = match TcpStream::from_std(stream) {
+                Ok(s) => s,
+                Err(e) => return warn!(%peer, "closing connection: cannot register it with the broker's runtime: {e}"),
+            };
+            let start = {
+                let (_, mut wr) = stream.split();
+                start(&broker, &mut wr, connect, rbuf, peer, None).await
+            };
+            let Some(start) = start else { return };
+            if let Some(lot) = &lot {
+                start.accepted.ctl.allow_parking(lot);
+            }
+            let kept = (HashMap::new(), start.acl);
+            drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
+        },
+        &main,
+    );
 }
 
 /// Carries on with a connection that was parked.
@@ -69,7 +96,7 @@ async fn drive(
     let stop = {
         let (mut rd, mut wr) = stream.split();
         let acl = broker.security.resume_acl(acl, &accepted.session.client_id);
-        conn.run(&mut rd, &mut wr, rbuf, aliases, acl).await
+        conn.run(&mut rd, &mut wr, rbuf, aliases, acl, unread).await
     };
     let ending = match stop {
         Stop::End(ending) => ending,
@@ -88,4 +115,12 @@ async fn drive(
     };
     let (_, mut wr) = stream.split();
     conn.finish(&mut wr, ending).await;
+}
+
+/// True if bytes from the client (or its end of stream) wait in the socket's kernel buffer, not
+/// yet read: asked of the socket itself, not of the runtime's readiness, which may lag behind.
+fn unread(rd: &ReadHalf<'_>) -> bool {
+    let mut byte = [0u8];
+    let peeked = rustix::net::recv(rd.as_ref(), &mut byte, RecvFlags::PEEK | RecvFlags::DONTWAIT);
+    !matches!(peeked, Err(rustix::io::Errno::AGAIN))
 }

@@ -257,6 +257,10 @@ impl Streams {
                         }
                         return connection::ending_for(reason);
                     }
+                    if ctl.handover_asked() {
+                        // Its streams are read by tasks of their own: nothing to wait for here.
+                        crate::handover::answer(&self.cx.broker, &ctl);
+                    }
                     transmit = true;
                 }
                 Some(done) = self.readers.join_next() => {
