@@ -123,33 +123,6 @@ async fn a_flood_of_connects_leaves_the_broker_serving() {
     wait_until("flood connections gone", Duration::from_secs(10), || connected(&b) == 2).await;
 }
 
-/// The nice value in the `stat` file of the thread whose `/proc` directory is `task`.
-fn nice(task: &std::path::Path) -> Option<i32> {
-    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
-    // Fields after the command name's closing parenthesis start at field 3 (state); the nice
-    // value is field 19.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
-}
-
-/// The nice value of this process's thread named `name`, if there is one.
-fn thread_nice(name: &str) -> Option<i32> {
-    std::fs::read_dir("/proc/self/task").ok()?.flatten().find_map(|task| {
-        let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
-        (comm.trim_end() == name).then(|| nice(&task.path())).flatten()
-    })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sockets_before_connect_are_served_at_the_lowest_priority() {
-    let b = start_default().await;
-    let mut canary = Canary::new(b.addr, "nice").await;
-    assert_eq!(thread_nice("braid-handshake"), Some(19), "the thread that waits for CONNECTs");
-    // This test runs on a worker of the runtime that serves established clients.
-    let worker = nice(std::path::Path::new("/proc/thread-self")).expect("read this thread's nice value");
-    assert!(worker < 19, "the workers keep their priority (nice {worker})");
-    canary.check().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_remaining_lengths_do_not_allocate_what_they_announce() {
     let mut config = short_connect_timeout();

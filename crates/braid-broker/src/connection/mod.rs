@@ -91,22 +91,6 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let (connect, rbuf) = wait_for_connect(broker, rd, wr, peer).await?;
-    start(broker, wr, connect, rbuf, peer, verified_username).await
-}
-
-/// Reads the first packet, which must be a CONNECT, within the connect timeout; returns it
-/// with what was read after it. None (logged, the client refused if need be) otherwise.
-async fn wait_for_connect<R, W>(
-    broker: &Arc<Broker>,
-    rd: &mut R,
-    wr: &mut W,
-    peer: SocketAddr,
-) -> Option<(Box<Connect>, ReadBuffer)>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
     let mut rbuf = ReadBuffer::default();
     let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
     // Boxed: the connect phase is short, and its timers should not stay in every task.
@@ -117,34 +101,23 @@ where
         }
     })
     .await;
-    match first {
+    let connect = match first {
         Err(_) => {
             info!(%peer, "closing connection: no CONNECT within {}s", timeout.as_secs());
-            None
+            return None;
         }
-        Ok(Err(FirstPacket::Eof)) => None,
+        Ok(Err(FirstPacket::Eof)) => return None,
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing connection: {why}");
             Box::pin(refuse(wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)).await;
-            None
+            return None;
         }
         Ok(Err(FirstPacket::Close(why))) => {
             info!(%peer, "closing connection: {why}");
-            None
+            return None;
         }
-        Ok(Ok(c)) => Some((c, rbuf)),
-    }
-}
-
-/// Admits a client by its CONNECT (see [`admit`]); None (the client refused) if it may not.
-async fn start<W: AsyncWrite + Unpin>(
-    broker: &Arc<Broker>,
-    wr: &mut W,
-    connect: Box<Connect>,
-    rbuf: ReadBuffer,
-    peer: SocketAddr,
-    verified_username: Option<String>,
-) -> Option<Start> {
+        Ok(Ok(c)) => c,
+    };
     let version = connect.protocol;
     let (accepted, connack, acl) = match admit(broker, &connect, verified_username.as_deref(), peer).await {
         Ok(a) => a,

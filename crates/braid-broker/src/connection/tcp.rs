@@ -8,57 +8,32 @@ use std::sync::Arc;
 use rustix::net::RecvFlags;
 use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
-use tokio::runtime::Handle;
-use tokio_util::task::TaskTracker;
 use tracing::warn;
 
 use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 
-use super::{start, wait_for_connect, Connection, Stop};
+use super::{handshake, Connection, Stop};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
 use crate::park::{Parked, ParkingLot};
 
-/// Serves one TCP client: waits for its CONNECT on the current runtime (the listener's
-/// handshake thread), then admits the client and runs the connection as a task of `tasks` on
-/// `main`; with a `lot`, the connection parks there while idle.
+/// Serves one TCP client; with a `lot`, the connection parks there while idle.
 pub async fn serve(
     broker: Arc<Broker>,
     mut stream: TcpStream,
     peer: SocketAddr,
     lot: Option<Arc<ParkingLot>>,
-    main: Handle,
-    tasks: TaskTracker,
 ) {
-    let first = {
+    let start = {
         let (mut rd, mut wr) = stream.split();
-        wait_for_connect(&broker, &mut rd, &mut wr, peer).await
+        handshake(&broker, &mut rd, &mut wr, peer, None).await
     };
-    let Some((connect, rbuf)) = first else { return };
-    // The socket leaves this runtime's reactor for the main one's.
-    let stream = match stream.into_std() {
-        Ok(s) => s,
-        Err(e) => return warn!(%peer, "closing connection: cannot move it to the broker's runtime: {e}"),
-    };
-    tasks.spawn_on(
-        async move {
-            let mut stream = match TcpStream::from_std(stream) {
-                Ok(s) => s,
-                Err(e) => return warn!(%peer, "closing connection: cannot register it with the broker's runtime: {e}"),
-            };
-            let start = {
-                let (_, mut wr) = stream.split();
-                start(&broker, &mut wr, connect, rbuf, peer, None).await
-            };
-            let Some(start) = start else { return };
-            if let Some(lot) = &lot {
-                start.accepted.ctl.allow_parking(lot);
-            }
-            let kept = (HashMap::new(), start.acl);
-            drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
-        },
-        &main,
-    );
+    let Some(start) = start else { return };
+    if let Some(lot) = &lot {
+        start.accepted.ctl.allow_parking(lot);
+    }
+    let kept = (HashMap::new(), start.acl);
+    drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
 }
 
 /// Carries on with a connection that was parked.
