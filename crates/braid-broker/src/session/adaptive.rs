@@ -49,16 +49,21 @@ pub struct AdaptiveWindow {
     slow_start: bool,
 }
 
+impl AdaptiveWindow {
+    /// The window of a connection that has had no acknowledgement yet.
+    pub const FRESH: AdaptiveWindow = AdaptiveWindow {
+        size: INITIAL,
+        base: u32::MAX,
+        base_at: 0,
+        round_start: 0,
+        round_min: u32::MAX,
+        slow_start: true,
+    };
+}
+
 impl Default for AdaptiveWindow {
     fn default() -> Self {
-        AdaptiveWindow {
-            size: INITIAL,
-            base: u32::MAX,
-            base_at: 0,
-            round_start: 0,
-            round_min: u32::MAX,
-            slow_start: true,
-        }
+        AdaptiveWindow::FRESH
     }
 }
 

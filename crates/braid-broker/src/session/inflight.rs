@@ -129,17 +129,10 @@ impl Inflight {
         }
     }
 
-    /// Deliveries the current connection may have unacknowledged by its acknowledgement
-    /// delays (its Receive Maximum caps it further).
-    pub fn adaptive_size(&self) -> usize {
-        self.0.as_ref().map_or_else(|| AdaptiveWindow::default().size(), |w| w.adaptive.size())
-    }
-
-    /// Queued deliveries above which publishers are held back.
-    pub fn backlog_limit(&self) -> usize {
-        self.0
-            .as_ref()
-            .map_or_else(|| AdaptiveWindow::default().backlog_limit(), |w| w.adaptive.backlog_limit())
+    /// How far ahead the current connection's acknowledgement delays say to send (its
+    /// Receive Maximum caps it further).
+    pub fn adaptive(&self) -> &AdaptiveWindow {
+        self.0.as_ref().map_or(&AdaptiveWindow::FRESH, |w| &w.adaptive)
     }
 
     /// An acknowledgement of a delivery sent at `sent` arrived at `now`

@@ -239,7 +239,7 @@ impl SessionState {
     /// True while the attached client's queue holds more than its delivery window: the
     /// client is not keeping up, and more queued would only wait longer.
     fn over_backlog(&self) -> bool {
-        self.is_online() && self.queue.len() > self.inflight.backlog_limit()
+        self.is_online() && self.queue.len() > self.inflight.adaptive().backlog_limit()
     }
 
     /// Ticket of the session's latest change in the store (0 if it is not persisted).
@@ -328,7 +328,8 @@ impl SessionState {
         blocks
     }
 
-    /// Which waiting publishers may go on now (see [`Release`]). Once the queue has drained
+    /// Which waiting publishers may go on now (see [`Release`]), asked after each transmit to
+    /// the attached client (a client going away releases them all). Once the queue has drained
     /// to three quarters of its limits and of the delivery window, as many as there is room
     /// for below the window go, longest waiting first; all of them once it is empty. The gap
     /// keeps them from being woken for every single message.
@@ -336,9 +337,9 @@ impl SessionState {
         if self.held == 0 {
             return Release::None;
         }
-        let backlog = self.inflight.backlog_limit();
+        let backlog = self.inflight.adaptive().backlog_limit();
         let len = self.queue.len();
-        if len == 0 || !self.is_online() {
+        if len == 0 {
             self.held = 0;
             return Release::All;
         }
@@ -375,7 +376,7 @@ impl SessionState {
     /// Unacknowledged QoS 1/2 deliveries the attached connection may have now: its Receive
     /// Maximum (capped by config) and, within that, its adaptive window.
     fn send_window(&self) -> usize {
-        self.link.as_ref().map_or(0, |l| l.window.min(self.inflight.adaptive_size()))
+        self.link.as_ref().map_or(0, |l| l.window.min(self.inflight.adaptive().size()))
     }
 
     /// True while the attached connection's window is in use up to its size.
