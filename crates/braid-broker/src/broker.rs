@@ -317,12 +317,11 @@ impl Broker {
         Ok((Accepted { session, generation, ctl }, connack, restore))
     }
 
-    /// The session of `client_id` with its attached connection's generation and control, if a
-    /// connection is attached.
-    pub(crate) fn attached(&self, client_id: &str) -> Option<(Arc<Session>, u64, Arc<ConnControl>)> {
+    /// The control of the connection attached to `client_id`'s session, if one is.
+    pub(crate) fn attached(&self, client_id: &str) -> Option<Arc<ConnControl>> {
         let session = self.sessions.lock().get(client_id)?.0.clone();
-        let found = session.lock().link.as_ref().map(|l| (l.generation, l.ctl.clone()));
-        found.map(|(generation, ctl)| (session, generation, ctl))
+        let ctl = session.lock().link.as_ref().map(|l| l.ctl.clone());
+        ctl
     }
 
     /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
@@ -334,6 +333,7 @@ impl Broker {
             if let Some(link) = st.link.take() {
                 link.ctl
                     .close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
+                link.ctl.hand_over();
                 self.metrics.client_disconnected();
             }
             st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
@@ -502,8 +502,9 @@ impl Broker {
     /// A connection of `session` ended. Sends or schedules the will and ends or schedules the
     /// end of the session, unless another connection took the session over.
     pub fn disconnected(self: &Arc<Self>, session: &Arc<Session>, generation: u64, ending: Ending) {
-        let (will_delay, expiry) = {
+        let (will_delay, expiry, ctl) = {
             let mut st = session.lock();
+            let ctl = st.link.as_ref().map(|l| l.ctl.clone());
             if !st.detach(generation) {
                 return;
             }
@@ -512,12 +513,15 @@ impl Broker {
             }
             // Saved with a delayed will, so a restart before the delay still sends it.
             st.save();
-            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs)
+            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs, ctl)
         };
         session.release_publishers(Release::All);
         self.metrics.client_disconnected();
         self.schedule_end(session, generation, will_delay, expiry, 0);
-        // A CONNECT waiting to take the session over finds it ended or offline.
+        // A CONNECT waiting to take the session over goes on, and finds it ended or offline.
+        if let Some(ctl) = ctl {
+            ctl.hand_over();
+        }
         self.handovers.notify_waiters();
     }
 

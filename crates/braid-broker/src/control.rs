@@ -23,7 +23,8 @@ const NOT_PARKED: usize = usize::MAX;
 const HANDOVER_NONE: u8 = 0;
 /// `handover`: a new connection of this client waits for this one to read what arrived.
 const HANDOVER_ASKED: u8 = 1;
-/// `handover`: the connection has handled what had arrived when it was asked.
+/// `handover`: the connection has handled what had arrived when it was asked, or its session
+/// is done with it (disconnect handled, or taken over).
 const HANDOVER_DONE: u8 = 2;
 
 /// Why a connection closes: the reason code and a human-readable detail, sent to v5 clients as
@@ -191,7 +192,9 @@ impl ConnControl {
     /// Asks the connection to handle what its client already sent before a new connection
     /// takes its session over; [`ConnControl::handed_over`] says when it has.
     pub fn ask_handover(&self) {
-        self.handover.store(HANDOVER_ASKED, Ordering::SeqCst);
+        // A connection already done with stays done.
+        let _ =
+            self.handover.compare_exchange(HANDOVER_NONE, HANDOVER_ASKED, Ordering::SeqCst, Ordering::SeqCst);
         self.wake();
     }
 
@@ -200,13 +203,15 @@ impl ConnControl {
         self.handover.load(Ordering::SeqCst) == HANDOVER_ASKED
     }
 
-    /// The connection has handled what its client sent before it was asked to hand over.
+    /// The connection has handled what its client sent before it was asked to hand over, or
+    /// the broker has finished with it (its disconnect handled, session ended or kept, or it
+    /// was taken over): a CONNECT waiting in [`crate::handover`] may go on.
     pub fn hand_over(&self) {
-        let _ =
-            self.handover.compare_exchange(HANDOVER_ASKED, HANDOVER_DONE, Ordering::SeqCst, Ordering::SeqCst);
+        self.handover.store(HANDOVER_DONE, Ordering::SeqCst);
     }
 
-    /// True once the connection answered the last [`ConnControl::ask_handover`].
+    /// True once the connection answered [`ConnControl::ask_handover`] or the broker finished
+    /// with it.
     pub fn handed_over(&self) -> bool {
         self.handover.load(Ordering::SeqCst) == HANDOVER_DONE
     }

@@ -26,7 +26,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 /// Waits until the connection attached to `client_id`'s session, if there is one, has handled
 /// what its client sent so far (or has ended).
 pub(crate) async fn wait(broker: &Broker, client_id: &str) {
-    let Some((session, generation, ctl)) = broker.attached(client_id) else { return };
+    let Some(ctl) = broker.attached(client_id) else { return };
     ctl.ask_handover();
     let deadline = tokio::time::sleep(ANSWER_WITHIN);
     tokio::pin!(deadline);
@@ -35,7 +35,9 @@ pub(crate) async fn wait(broker: &Broker, client_id: &str) {
         tokio::pin!(answered);
         // Registered before the look, so an answer between the look and the wait is not lost.
         answered.as_mut().enable();
-        if ctl.handed_over() || !session.lock().is_attached(generation) {
+        // Not "no longer attached": the broker detaches before it ends the session, and a
+        // CONNECT between the two would find the session it was about to end.
+        if ctl.handed_over() {
             return;
         }
         tokio::select! {
