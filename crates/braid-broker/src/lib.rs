@@ -1,8 +1,8 @@
 //! The Braid MQTT broker.
 //!
-//! Layers, top to bottom: [`server`] and [`listener`] (TCP, TLS, WebSocket; [`tls`] loads
-//! the certificates), [`connection`] (one client: reader and
-//! writer), [`session`] (sans-IO per-client state), [`router`] (topic trie and shared groups),
+//! Layers, top to bottom: [`server`], [`handshake_thread`] (plain TCP accepts and CONNECTs)
+//! and [`listener`] (TLS, WebSocket; [`tls`] loads the certificates), [`connection`] (one
+//! client: reader and writer), [`session`] (sans-IO per-client state), [`router`] (topic trie and shared groups),
 //! [`retained`]. [`broker::Broker`] ties them together.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -14,6 +14,7 @@ pub mod config;
 pub mod connection;
 pub mod control;
 mod handover;
+pub mod handshake_thread;
 pub mod limits;
 pub mod listener;
 pub mod message;

@@ -17,7 +17,7 @@ use crate::broker::Broker;
 use crate::config::Config;
 use crate::listener::{self, Listeners};
 use crate::park::ParkingLot;
-use crate::{connection, quic, sys};
+use crate::{handshake_thread, quic, sys};
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
 /// Dropping it shuts the broker down.
@@ -106,7 +106,6 @@ impl Server {
         tokio::spawn(watch_files(self.broker.clone()));
         let broker = self.broker.clone();
         tokio::spawn(async move { broker.memory.watch(broker.shutdown.clone()).await });
-        let shutdown = self.broker.shutdown.clone();
         let connections = TaskTracker::new();
         let lot = match self.broker.config.listeners.park_after_secs {
             0 => None,
@@ -128,24 +127,9 @@ impl Server {
                 admission.clone(),
             ));
         }
-        loop {
-            admission.pace().await;
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                accepted = self.tcp.accept() => match accepted {
-                    Ok((stream, _)) if !admission.admit() => drop(stream),
-                    Ok((stream, peer)) => {
-                        let _ = stream.set_nodelay(true);
-                        connections.spawn(connection::tcp::serve(self.broker.clone(), stream, peer, lot.clone()));
-                    }
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-            }
-        }
+        // Accepting and the wait for CONNECT run on a thread of their own (see handshake_thread).
+        handshake_thread::run(self.tcp, self.broker.clone(), connections.clone(), admission, lot.clone())
+            .await;
         info!(connections = connections.len(), "shutting down");
         self.broker.close_all(ReasonCode::ServerShuttingDown);
         // Every connection sends its DISCONNECT and closes, each within a bounded time.

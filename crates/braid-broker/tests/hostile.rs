@@ -12,7 +12,7 @@ use braid_broker::metrics::Metrics;
 use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn connect_bytes(id: &str, keep_alive: u16) -> BytesMut {
@@ -101,6 +101,25 @@ async fn half_open_and_silent_sockets_are_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_ends_its_stream_inside_connect_is_closed_at_once() {
+    let b = start_default().await;
+    let mut canary = Canary::new(b.addr, "cut").await;
+    let bytes = connect_bytes("cut", 0);
+    // Cut inside the fixed header, and inside the body.
+    for cut in [1, bytes.len() / 2] {
+        let mut s = TcpStream::connect(b.addr).await.unwrap();
+        s.write_all(&bytes[..cut]).await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        // The connect timeout is 10 s: closing must not wait for it. (Closed with the bytes
+        // unread, the socket may end with a reset instead of an end of stream.)
+        let read = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0) | Err(_))), "cut after {cut} bytes: {read:?}, {rest:?}");
+    }
+    canary.check().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_connects_leaves_the_broker_serving() {
     let b = start_default().await;
     let mut canary = Canary::new(b.addr, "flood").await;
@@ -121,6 +140,33 @@ async fn a_flood_of_connects_leaves_the_broker_serving() {
     }
     canary.check().await;
     wait_until("flood connections gone", Duration::from_secs(10), || connected(&b) == 2).await;
+}
+
+/// The nice value in the `stat` file of the thread whose `/proc` directory is `task`.
+fn nice(task: &std::path::Path) -> Option<i32> {
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+    // Fields after the command name's closing parenthesis start at field 3 (state); the nice
+    // value is field 19.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
+}
+
+/// The nice value of this process's thread named `name`, if there is one.
+fn thread_nice(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc/self/task").ok()?.flatten().find_map(|task| {
+        let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+        (comm.trim_end() == name).then(|| nice(&task.path())).flatten()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_before_connect_are_served_at_the_lowest_priority() {
+    let b = start_default().await;
+    let mut canary = Canary::new(b.addr, "nice").await;
+    assert_eq!(thread_nice("braid-handshake"), Some(19), "the thread that waits for CONNECTs");
+    // This test runs on a worker of the runtime that serves established clients.
+    let worker = nice(std::path::Path::new("/proc/thread-self")).expect("read this thread's nice value");
+    assert!(worker < 19, "the workers keep their priority (nice {worker})");
+    canary.check().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

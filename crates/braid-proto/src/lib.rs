@@ -20,7 +20,7 @@ mod ws;
 
 pub use bytes::{Bytes, BytesMut};
 pub use bytestring::ByteString;
-pub use codec::{decode, encode, encoded_len};
+pub use codec::{decode, encode, encoded_len, packet_size};
 pub use error::{DecodeError, EncodeError};
 pub use packet::*;
 pub use properties::{Properties, PropertyValues};

@@ -147,7 +147,7 @@ impl Accept {
 
 /// Runs a handshake bounded by `mqtt.connect_timeout_secs` and the broker's shutdown; `None`
 /// (logged) if it failed.
-async fn handshake<T, E: std::fmt::Display>(
+pub(crate) async fn handshake<T, E: std::fmt::Display>(
     broker: &Broker,
     peer: SocketAddr,
     what: &str,

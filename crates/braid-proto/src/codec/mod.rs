@@ -138,11 +138,9 @@ pub fn decode(
         return Ok(None);
     };
     let kind = parse_first_byte(first, version)?;
-    let Some((remaining, len_bytes)) = parse_varint(&buf[1..])? else {
+    let Some((header_len, size)) = fixed_header(buf)? else {
         return Ok(None);
     };
-    let header_len = 1 + len_bytes;
-    let size = header_len + remaining;
     if size > max_packet_size as usize {
         return Err(DecodeError::TooLarge { size, max: max_packet_size });
     }
@@ -152,6 +150,21 @@ pub fn decode(
     let mut frame = buf.split_to(size).freeze();
     let body = Reader::new(frame.split_off(header_len));
     decode_body(kind, body, version).map(Some)
+}
+
+/// The size of the packet whose first bytes are `head` (fixed header plus Remaining Length),
+/// once its fixed header (at most 5 bytes) is complete; `Ok(None)` before. An error for a
+/// malformed Remaining Length. The packet type is not checked.
+pub fn packet_size(head: &[u8]) -> Result<Option<usize>, DecodeError> {
+    Ok(fixed_header(head)?.map(|(_, size)| size))
+}
+
+/// The length of the fixed header at the start of `buf` and the size of its packet.
+fn fixed_header(buf: &[u8]) -> Result<Option<(usize, usize)>, DecodeError> {
+    let Some((remaining, len_bytes)) = parse_varint(buf.get(1..).unwrap_or_default())? else {
+        return Ok(None);
+    };
+    Ok(Some((1 + len_bytes, 1 + len_bytes + remaining)))
 }
 
 fn decode_body(kind: Kind, mut r: Reader, version: ProtocolVersion) -> Result<Packet, DecodeError> {
@@ -325,6 +338,16 @@ mod tests {
         assert_malformed(&[0x30, 0x80, 0x80, 0x80, 0x80, 0x01], ProtocolVersion::V5);
         // Four continuation bytes are enough to know, without the fifth.
         assert_malformed(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF], ProtocolVersion::V3_1_1);
+    }
+
+    #[test]
+    fn packet_size_is_known_once_the_fixed_header_is_complete() {
+        assert_eq!(packet_size(&[]).unwrap(), None);
+        assert_eq!(packet_size(&[0x10]).unwrap(), None);
+        assert_eq!(packet_size(&[0x10, 0x0C, 0x00]).unwrap(), Some(14));
+        assert_eq!(packet_size(&[0x10, 0x80]).unwrap(), None);
+        assert_eq!(packet_size(&[0x10, 0x80, 0x01]).unwrap(), Some(3 + 128));
+        assert!(packet_size(&[0x10, 0xFF, 0xFF, 0xFF, 0xFF]).is_err());
     }
 
     #[test]
