@@ -137,6 +137,9 @@ async fn hand_over(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, arr
 /// (a CONNECT with a large will message) is read on the broker's runtime.
 const FIRST_PACKET_BYTES: u64 = 16 * 1024;
 
+/// The first byte of every CONNECT (packet type 1, flags 0).
+const CONNECT_FIRST_BYTE: u8 = 0x10;
+
 /// How a client began.
 enum First {
     /// Its first packet is in the socket's kernel buffer (see [`peek_first`]).
@@ -159,12 +162,15 @@ async fn first_packet(stream: &TcpStream) -> io::Result<First> {
 }
 
 /// Whether the client's first packet is whole in the socket's kernel buffer (or its first
-/// [`FIRST_PACKET_BYTES`], or bytes that cannot start a packet, which the broker's runtime reads
-/// and reports), or the client closed (`ended`: its end of stream came) before it was whole;
+/// [`FIRST_PACKET_BYTES`], or bytes that cannot start a CONNECT, which the broker's runtime
+/// reads and reports at once), or the client closed (`ended`: its end of stream came) before it was whole;
 /// `WouldBlock` while neither.
 fn peek_first(stream: &TcpStream, ended: bool) -> io::Result<First> {
     let mut head = [0u8; 5];
     let peeked = rustix::net::recv(stream, &mut head, RecvFlags::PEEK | RecvFlags::DONTWAIT)?;
+    if peeked.0 > 0 && head[0] != CONNECT_FIRST_BYTE {
+        return Ok(First::Arrived);
+    }
     let needed = match braid_proto::packet_size(&head[..peeked.0]) {
         Ok(Some(size)) => (size as u64).min(FIRST_PACKET_BYTES),
         Ok(None) => u64::MAX,
