@@ -1,10 +1,12 @@
 //! Who may connect: `limits.max_connections` (parked connections count) and
 //! `limits.max_connection_rate`, shared by every listener's accept loop.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
@@ -44,6 +46,36 @@ impl Admission {
             tokio::select! {
                 _ = self.broker.shutdown.cancelled() => {}
                 _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Accepts connections on `listener` (a `transport` in log lines) until the broker shuts
+    /// down, paced by the connection rate; each admitted one (TCP_NODELAY set) goes to
+    /// `admitted`, the others are closed.
+    pub async fn accept_each(
+        &self,
+        listener: &TcpListener,
+        transport: &str,
+        mut admitted: impl FnMut(TcpStream, SocketAddr),
+    ) {
+        let shutdown = &self.broker.shutdown;
+        loop {
+            self.pace().await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) if !self.admit() => drop(stream),
+                    Ok((stream, peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        admitted(stream, peer);
+                    }
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        warn!(transport, "accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
             }
         }
     }

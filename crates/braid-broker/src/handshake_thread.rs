@@ -10,12 +10,12 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustix::net::RecvFlags;
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, warn};
 
@@ -24,8 +24,6 @@ use crate::broker::Broker;
 use crate::park::ParkingLot;
 use crate::{connection, listener};
 
-/// How long stopping waits for the thread's last tasks.
-const STOP_WAIT: Duration = Duration::from_secs(1);
 /// The thread's nice value: the lowest priority, which an unprivileged process may set.
 const NICE: i32 = 19;
 
@@ -33,8 +31,9 @@ const NICE: i32 = 19;
 /// them; beyond that the thread waits too (and accepts no more meanwhile).
 const HANDOVER_QUEUE: usize = 1024;
 
-/// A connection whose first packet has arrived, on its way to the broker's runtime.
-type Arrival = (std::net::TcpStream, SocketAddr);
+/// A connection whose first packet has arrived, on its way to the broker's runtime, with the
+/// token that counts it among the broker's connections until its task there has started.
+type Arrival = (std::net::TcpStream, SocketAddr, TaskTrackerToken);
 
 /// Runs the accept loop for `listener` on a thread of its own until the broker shuts down, and
 /// runs the connections it hands over as tasks of `connections` on the current runtime. Returns
@@ -50,14 +49,14 @@ pub async fn run(
     let shutdown = broker.shutdown.clone();
     let (arrived, mut arrivals) = mpsc::channel::<Arrival>(HANDOVER_QUEUE);
     let thread = listener.into_std().and_then(|listener| {
-        let broker = broker.clone();
+        let (broker, tracker) = (broker.clone(), connections.clone());
         std::thread::Builder::new().name("braid-handshake".into()).spawn(move || {
             let stop = broker.shutdown.clone();
             lower_priority();
             let started = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(|rt| {
                 let listener = rt.block_on(async { TcpListener::from_std(listener) })?;
-                rt.block_on(accept_loop(listener, broker, admission, arrived));
-                rt.shutdown_timeout(STOP_WAIT);
+                // Dropping the runtime then closes the connections still waiting.
+                rt.block_on(accept_loop(listener, broker, tracker, admission, arrived));
                 Ok(())
             });
             if let Err(e) = started {
@@ -81,7 +80,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            Some((stream, peer)) = arrivals.recv() => match TcpStream::from_std(stream) {
+            Some((stream, peer, _token)) = arrivals.recv() => match TcpStream::from_std(stream) {
                 Ok(stream) => drop(connections.spawn(connection::tcp::serve(broker.clone(), stream, peer, lot.clone()))),
                 Err(e) => warn!(%peer, "closing connection: cannot register it with the broker's runtime: {e}"),
             },
@@ -90,37 +89,31 @@ pub async fn run(
     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
 }
 
+/// Accepts connections, each of which counts as one of `connections` (for
+/// `limits.max_connections`) from the start: its token travels with it to the broker's runtime.
 async fn accept_loop(
     listener: TcpListener,
     broker: Arc<Broker>,
+    connections: TaskTracker,
     admission: Arc<Admission>,
     arrived: mpsc::Sender<Arrival>,
 ) {
-    let shutdown = broker.shutdown.clone();
-    loop {
-        admission.pace().await;
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) if !admission.admit() => drop(stream),
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    tokio::spawn(hand_over(broker.clone(), stream, peer, arrived.clone()));
-                }
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-        }
-    }
+    admission
+        .accept_each(&listener, "tcp", |stream, peer| {
+            let arrival = (stream, peer, connections.token());
+            tokio::spawn(hand_over(broker.clone(), arrival, arrived.clone()));
+        })
+        .await;
 }
 
 /// Waits (within the connect timeout) until the client's first packet has arrived, then hands
 /// the connection to the broker's runtime, where the packet is read and the client admitted and
 /// served.
-async fn hand_over(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, arrived: mpsc::Sender<Arrival>) {
+async fn hand_over(
+    broker: Arc<Broker>,
+    (stream, peer, token): (TcpStream, SocketAddr, TaskTrackerToken),
+    arrived: mpsc::Sender<Arrival>,
+) {
     match listener::handshake(&broker, peer, "MQTT", first_packet(&stream)).await {
         Some(First::Arrived) => {}
         Some(First::Closed) | None => return,
@@ -128,7 +121,7 @@ async fn hand_over(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, arr
     // The socket leaves this runtime's reactor for the main one's.
     match stream.into_std() {
         // Fails only when the broker is shutting down.
-        Ok(stream) => drop(arrived.send((stream, peer)).await),
+        Ok(stream) => drop(arrived.send((stream, peer, token)).await),
         Err(e) => warn!(%peer, "closing connection: cannot move it to the broker's runtime: {e}"),
     }
 }
@@ -163,8 +156,8 @@ async fn first_packet(stream: &TcpStream) -> io::Result<First> {
 
 /// Whether the client's first packet is whole in the socket's kernel buffer (or its first
 /// [`FIRST_PACKET_BYTES`], or bytes that cannot start a CONNECT, which the broker's runtime
-/// reads and reports at once), or the client closed (`ended`: its end of stream came) before it was whole;
-/// `WouldBlock` while neither.
+/// reads and reports at once), or the client closed (`ended`: its end of stream came) before
+/// it was whole; `WouldBlock` while neither.
 fn peek_first(stream: &TcpStream, ended: bool) -> io::Result<First> {
     let mut head = [0u8; 5];
     let peeked = rustix::net::recv(stream, &mut head, RecvFlags::PEEK | RecvFlags::DONTWAIT)?;

@@ -1,9 +1,10 @@
 //! The Braid MQTT broker.
 //!
-//! Layers, top to bottom: [`server`], [`handshake_thread`] (plain TCP accepts and CONNECTs)
-//! and [`listener`] (TLS, WebSocket; [`tls`] loads the certificates), [`connection`] (one
-//! client: reader and writer), [`session`] (sans-IO per-client state), [`router`] (topic trie and shared groups),
-//! [`retained`]. [`broker::Broker`] ties them together.
+//! Layers, top to bottom: [`server`], [`handshake_thread`] (plain TCP accepts and the wait
+//! for CONNECT) and [`listener`] (TLS, WebSocket; [`tls`] loads the certificates),
+//! [`connection`] (one client: reader and writer), [`session`] (sans-IO per-client state),
+//! [`router`] (topic trie and shared groups), [`retained`]. [`broker::Broker`] ties them
+//! together.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

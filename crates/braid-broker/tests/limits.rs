@@ -36,6 +36,23 @@ async fn max_connections_closes_the_extra_ones() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_still_waiting_for_connect_count_toward_max_connections() {
+    let mut config = Config::embedded();
+    config.limits.max_connections = 3;
+    let b = start(config).await;
+    // Connected, CONNECT not sent: they hold their slots all the same (accepts are in order,
+    // so they are counted before the next one is admitted).
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(TestClient::open(b.addr, V5).await);
+    }
+    let mut extra = TestClient::open(b.addr, V5).await;
+    extra.try_send_raw(&encode_packet(&Packet::Connect(Box::new(connect_packet("w3", true))), V5)).await;
+    assert_eq!(extra.expect_closed().await, None, "closed without CONNACK");
+    assert_eq!(braid_broker::metrics::Metrics::get(&b.broker.metrics.connections_refused), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_rate_paces_accepts() {
     let mut config = Config::embedded();
     config.limits.max_connection_rate = 20;

@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::info;
 
 use braid_proto::{ByteString, WriteThrough};
 
@@ -123,25 +123,13 @@ impl Accept {
         if let Ok(addr) = listener.local_addr() {
             info!(transport = self.kind.name(), %addr, "listening for MQTT");
         }
-        let shutdown = self.broker.shutdown.clone();
-        loop {
-            self.admission.pace().await;
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) if !self.admission.admit() => drop(stream),
-                    Ok((stream, peer)) => {
-                        let _ = stream.set_nodelay(true);
-                        let acceptor = self.tls.as_ref().map(|t| TlsAcceptor::from(t.current()));
-                        connections.spawn(serve(self.kind, self.broker.clone(), stream, peer, acceptor));
-                    }
-                    Err(e) => {
-                        warn!(transport = self.kind.name(), "accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-            }
-        }
+        let transport = self.kind.name();
+        self.admission
+            .accept_each(&listener, transport, |stream, peer| {
+                let acceptor = self.tls.as_ref().map(|t| TlsAcceptor::from(t.current()));
+                connections.spawn(serve(self.kind, self.broker.clone(), stream, peer, acceptor));
+            })
+            .await;
     }
 }
 
