@@ -12,11 +12,13 @@ const MAX_READ: usize = 64 * 1024;
 pub struct ReadBuffer {
     buf: BytesMut,
     next_read: usize,
+    /// The read being prepared continues a packet already partly buffered.
+    continues: bool,
 }
 
 impl Default for ReadBuffer {
     fn default() -> Self {
-        ReadBuffer { buf: BytesMut::new(), next_read: MIN_READ }
+        ReadBuffer { buf: BytesMut::new(), next_read: MIN_READ, continues: false }
     }
 }
 
@@ -33,17 +35,22 @@ impl ReadBuffer {
             // Idle again after a burst: give the memory back.
             self.buf = BytesMut::new();
         }
-        if self.buf.capacity() - self.buf.len() < self.next_read / 2 {
+        // Room for a whole read: a packet split over two reads costs a second system call.
+        if self.buf.capacity() - self.buf.len() < self.next_read {
             self.buf.reserve(self.next_read);
         }
+        self.continues = !self.buf.is_empty();
         self.buf.capacity() - self.buf.len()
     }
 
-    /// Records that a read added `n` of the `room` bytes [`ReadBuffer::prepare`] offered.
+    /// Records that a read added `n` of the `room` bytes [`ReadBuffer::prepare`] offered. A
+    /// short read that only finished a packet says nothing of the traffic, so it never shrinks
+    /// the next read (otherwise packets a little larger than a read would keep it oscillating,
+    /// each one split in two).
     pub fn filled(&mut self, n: usize, room: usize) {
         if n == room {
             self.next_read = (self.next_read * 2).min(MAX_READ);
-        } else if n < self.next_read / 4 {
+        } else if n < self.next_read / 4 && !self.continues {
             self.next_read = (self.next_read / 2).max(MIN_READ);
         }
     }
@@ -82,5 +89,33 @@ mod tests {
         }
         assert_eq!(rb.next_read, MIN_READ);
         assert!(rb.bytes().capacity() <= 4 * MIN_READ, "memory given back");
+    }
+
+    /// Reads `packet` bytes as a peer would send them, one packet per read, taking each read
+    /// out of the buffer as the decoder does; returns how many reads it took.
+    fn read_packet(rb: &mut ReadBuffer, packet: usize) -> usize {
+        let (mut left, mut reads) = (packet, 0);
+        while left > 0 {
+            let room = rb.prepare();
+            let n = room.min(left);
+            rb.bytes().extend_from_slice(&vec![0; n]);
+            rb.filled(n, room);
+            left -= n;
+            reads += 1;
+        }
+        let _ = rb.bytes().split_to(packet);
+        reads
+    }
+
+    #[test]
+    fn packets_a_little_larger_than_a_read_settle_on_one_read_each() {
+        for packet in [1041, 2100, 8233, 16_500] {
+            let mut rb = ReadBuffer::default();
+            for _ in 0..20 {
+                read_packet(&mut rb, packet);
+            }
+            let reads: usize = (0..100).map(|_| read_packet(&mut rb, packet)).sum();
+            assert_eq!(reads, 100, "{packet}-byte packets");
+        }
     }
 }
