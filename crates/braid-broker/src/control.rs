@@ -9,8 +9,8 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use futures_util::task::AtomicWaker;
 use once_cell::race::OnceBox;
-use tokio::sync::Notify;
 
 use braid_proto::ReasonCode;
 
@@ -35,7 +35,7 @@ pub type CloseReason = (ReasonCode, Cow<'static, str>);
 /// in a v5 DISCONNECT before closing the socket.
 #[derive(Debug)]
 pub struct ConnControl {
-    notify: Notify,
+    signal: Signal,
     closed: AtomicBool,
     reason: OnceBox<CloseReason>,
     /// Milliseconds (on the broker's clock, kept modulo 2^32: see [`since`]) when bytes last
@@ -59,12 +59,47 @@ pub struct ConnControl {
     lot: OnceLock<Arc<ParkingLot>>,
 }
 
+/// The wake-up of a connection's one task: a pending flag, so a wake before the task waits is
+/// not lost, and the waiting task's waker. Waiting costs an atomic swap and, when nothing is
+/// pending, registering the waker (no lock, unlike a `Notify`, whose waiter list every wait
+/// of every connection would lock twice).
+#[derive(Debug, Default)]
+struct Signal {
+    pending: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Signal {
+    /// Sets the flag and wakes the waiting task, if any.
+    fn notify(&self) {
+        self.pending.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Waits until the flag is set, and clears it. Only one task may wait at a time.
+    async fn notified(&self) {
+        std::future::poll_fn(|cx| {
+            if self.pending.swap(false, Ordering::Acquire) {
+                return std::task::Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // A notify between the first look and the registration would be missed otherwise.
+            if self.pending.swap(false, Ordering::AcqRel) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
 impl ConnControl {
     /// A control for a connection with keep alive `keep_alive_secs` (0 = none), active at
     /// `now_ms`.
     pub fn new(keep_alive_secs: u16, now_ms: u64) -> ConnControl {
         ConnControl {
-            notify: Notify::new(),
+            signal: Signal::default(),
             closed: AtomicBool::new(false),
             reason: OnceBox::new(),
             last_activity_ms: AtomicU32::new(now_ms as u32),
@@ -83,7 +118,7 @@ impl ConnControl {
     /// parked connection gets its task back.
     pub fn wake(&self) {
         self.woken.store(true, Ordering::SeqCst);
-        self.notify.notify_one();
+        self.signal.notify();
         self.unpark();
     }
 
@@ -115,7 +150,7 @@ impl ConnControl {
             return;
         }
         if !self.park_requested.swap(true, Ordering::Relaxed) {
-            self.notify.notify_one();
+            self.signal.notify();
         }
     }
 
@@ -156,7 +191,7 @@ impl ConnControl {
 
     /// Waits for [`ConnControl::wake`] or a close.
     pub async fn woken(&self) {
-        self.notify.notified().await
+        self.signal.notified().await
     }
 
     /// Asks the connection to close with `reason`, explained by the code's own description.
