@@ -151,8 +151,10 @@ fn walk<'a>(node: &'a Node, rest: Option<&str>, wild: bool, f: &mut impl FnMut(&
         }
         return;
     };
-    let (level, next) = match rest.split_once('/') {
-        Some((level, next)) => (level, Some(next)),
+    // A plain byte scan: topic levels are short, and `split_once`'s searcher costs several
+    // times more per level on every routed message.
+    let (level, next) = match rest.bytes().position(|b| b == b'/') {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
         None => (rest, None),
     };
     if let Some(child) = node.children.get(level) {
