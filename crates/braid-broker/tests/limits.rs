@@ -7,6 +7,14 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// A client `id` connecting now is closed without a CONNACK, and it is the first refusal.
+async fn assert_one_more_is_refused(b: &TestBroker, id: &str) {
+    let mut extra = TestClient::open(b.addr, V5).await;
+    extra.try_send_raw(&encode_packet(&Packet::Connect(Box::new(connect_packet(id, true))), V5)).await;
+    assert_eq!(extra.expect_closed().await, None, "closed without CONNACK");
+    assert_eq!(braid_broker::metrics::Metrics::get(&b.broker.metrics.connections_refused), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_connections_closes_the_extra_ones() {
     let mut config = Config::embedded();
@@ -16,10 +24,7 @@ async fn max_connections_closes_the_extra_ones() {
     for i in 0..3 {
         clients.push(TestClient::connect_ok(b.addr, V5, connect_packet(&format!("m{i}"), true)).await.0);
     }
-    let mut extra = TestClient::open(b.addr, V5).await;
-    extra.try_send_raw(&encode_packet(&Packet::Connect(Box::new(connect_packet("m3", true))), V5)).await;
-    assert_eq!(extra.expect_closed().await, None, "closed without CONNACK");
-    assert_eq!(braid_broker::metrics::Metrics::get(&b.broker.metrics.connections_refused), 1);
+    assert_one_more_is_refused(&b, "m3").await;
     clients.pop().unwrap().disconnect().await;
     // The slot frees once the closed connection's task has ended.
     let deadline = Instant::now() + WAIT;
@@ -46,10 +51,7 @@ async fn sockets_still_waiting_for_connect_count_toward_max_connections() {
     for _ in 0..3 {
         silent.push(TestClient::open(b.addr, V5).await);
     }
-    let mut extra = TestClient::open(b.addr, V5).await;
-    extra.try_send_raw(&encode_packet(&Packet::Connect(Box::new(connect_packet("w3", true))), V5)).await;
-    assert_eq!(extra.expect_closed().await, None, "closed without CONNACK");
-    assert_eq!(braid_broker::metrics::Metrics::get(&b.broker.metrics.connections_refused), 1);
+    assert_one_more_is_refused(&b, "w3").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,13 +12,11 @@ const MAX_READ: usize = 64 * 1024;
 pub struct ReadBuffer {
     buf: BytesMut,
     next_read: usize,
-    /// The read being prepared continues a packet already partly buffered.
-    continues: bool,
 }
 
 impl Default for ReadBuffer {
     fn default() -> Self {
-        ReadBuffer { buf: BytesMut::new(), next_read: MIN_READ, continues: false }
+        ReadBuffer { buf: BytesMut::new(), next_read: MIN_READ }
     }
 }
 
@@ -39,18 +37,19 @@ impl ReadBuffer {
         if self.buf.capacity() - self.buf.len() < self.next_read {
             self.buf.reserve(self.next_read);
         }
-        self.continues = !self.buf.is_empty();
         self.buf.capacity() - self.buf.len()
     }
 
-    /// Records that a read added `n` of the `room` bytes [`ReadBuffer::prepare`] offered. A
-    /// short read that only finished a packet says nothing of the traffic, so it never shrinks
-    /// the next read (otherwise packets a little larger than a read would keep it oscillating,
-    /// each one split in two).
+    /// Records that a read added `n` (now at the end of [`ReadBuffer::bytes`]) of the `room`
+    /// bytes [`ReadBuffer::prepare`] offered. A short read that only finished a packet (bytes
+    /// were buffered before it) says nothing of the traffic, so it never shrinks the next read
+    /// (otherwise packets a little larger than a read would keep it oscillating, each one split
+    /// in two).
     pub fn filled(&mut self, n: usize, room: usize) {
+        let continued = self.buf.len() > n;
         if n == room {
             self.next_read = (self.next_read * 2).min(MAX_READ);
-        } else if n < self.next_read / 4 && !self.continues {
+        } else if n < self.next_read / 4 && !continued {
             self.next_read = (self.next_read / 2).max(MIN_READ);
         }
     }
