@@ -267,6 +267,11 @@ class Raw5(helpers.RawClient):
         self.send(connect(client_id, **kw))
         return self.expect(CONNACK, timeout)
 
+    def subscribe5(self, filters):
+        """Send a SUBSCRIBE (packet id 1) for ``[(filter, options)]`` and return the parsed SUBACK."""
+        self.send(subscribe(1, filters))
+        return self.expect(SUBACK)
+
     def publishes(self, duration, auto_ack=True, n=None):
         """Every PUBLISH arriving within ``duration`` s, or the first ``n`` if they come sooner
         (QoS 1/2 acknowledged when ``auto_ack``)."""

@@ -41,8 +41,7 @@ def test_subscriber_without_alias_maximum_gets_full_topics(broker, raw5):
     topic = unique("noalias")
     sub = raw5(broker)
     sub.connect5(unique("s"))
-    sub.send(r.subscribe(1, [(topic, 1)]))
-    sub.expect(r.SUBACK)
+    sub.subscribe5([(topic, 1)])
     pub = raw5(broker)
     pub.connect5(unique("p"))
     for i in range(5):
@@ -58,8 +57,7 @@ def test_broker_assigns_topic_aliases_to_subscriber_raw(broker, raw5):
     t1, t2 = unique("srv-a"), unique("srv-b")
     sub = raw5(broker)
     sub.connect5(unique("s"), props=[(r.TOPIC_ALIAS_MAXIMUM, 10)])
-    sub.send(r.subscribe(1, [(t1, 1), (t2, 1)]))
-    sub.expect(r.SUBACK)
+    sub.subscribe5([(t1, 1), (t2, 1)])
     pub = raw5(broker)
     pub.connect5(unique("p"))
     sent = [t1, t1, t2, t1, t2, t2]

@@ -1,4 +1,5 @@
-"""MQTT 5 flow control and size limits: Receive Maximum both ways, Maximum Packet Size both ways."""
+"""MQTT 5 flow control and size limits: Receive Maximum both ways, Maximum Packet Size both ways,
+QoS 0 pacing."""
 import time
 
 import pytest
@@ -12,8 +13,7 @@ def test_receive_maximum_limits_unacked_qos1_to_subscriber(broker, raw5, v5):
     topic = unique("rmax")
     sub = raw5(broker)
     sub.connect5(unique("s"), props=[(r.RECEIVE_MAXIMUM, 2)])
-    sub.send(r.subscribe(1, [(topic, 1)]))
-    sub.expect(r.SUBACK)
+    sub.subscribe5([(topic, 1)])
     pub = v5(broker)
     for i in range(9):
         pub.publish(topic, f"m{i}".encode(), qos=1, wait=False)
@@ -78,3 +78,21 @@ def test_publisher_exceeding_broker_maximum_packet_size_is_disconnected(make_bro
     v5(b).publish(topic, b"still works", qos=1)
     assert bystander.get_message().payload == b"still works"
     assert bystander.is_connected()
+
+
+@pytest.mark.braid_only  # Mosquitto has no QoS 0 pacing: with max_queued_messages 20 it drops most of them
+def test_qos0_flood_through_a_subscriber_stall_loses_nothing(make_broker, raw5, v5):
+    """A paho publisher floods 200 QoS 0 messages of 64 KiB (more than the socket buffers hold) at a
+    subscriber that reads nothing for 300 ms, with a session queue of 20: Braid paces the publisher
+    (reads nothing more from it) until the subscriber catches up, so every message arrives, in order."""
+    b = make_broker(braid={"session.max_queued_messages": 20}, mosquitto=["max_queued_messages 20"])
+    topic = unique("pace")
+    sub = raw5(b)
+    sub.connect5(unique("s"))
+    sub.subscribe5([(topic, 0)])
+    pub = v5(b)
+    for i in range(200):
+        pub.publish(topic, f"{i:08}".encode().ljust(64 * 1024, b"."), qos=0, wait=False)
+    time.sleep(0.3)
+    got = sub.publishes(10.0, n=200)
+    assert [int(p.payload[:8]) for p in got] == list(range(200))

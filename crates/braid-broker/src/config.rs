@@ -270,6 +270,11 @@ pub struct SessionConfig {
     /// Seconds a publisher may be held by a connected subscriber's full queue before that
     /// subscriber is disconnected (0x97) so the others can go on; 0 never disconnects.
     pub slow_consumer_timeout_secs: u64,
+    /// Milliseconds a connected subscriber that falls behind may pace QoS 0 publishers
+    /// (nothing more is read from them until it catches up), counted from when its backlog
+    /// began; after that its QoS 0 deliveries queue and drop by `queue_overflow_qos0` until
+    /// its queue empties. 0 never paces.
+    pub qos0_pacing_ms: u64,
     /// Upper bound on the Session Expiry Interval a client may ask for (seconds).
     pub max_session_expiry_secs: u32,
 }
@@ -283,6 +288,7 @@ impl Default for SessionConfig {
             queue_overflow: OverflowPolicy::Backpressure,
             queue_overflow_qos0: OverflowPolicy::DropNewest,
             slow_consumer_timeout_secs: 60,
+            qos0_pacing_ms: 1000,
             max_session_expiry_secs: u32::MAX,
         }
     }

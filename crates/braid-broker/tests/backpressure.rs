@@ -135,3 +135,83 @@ async fn slow_consumer_is_disconnected_with_0x97_and_the_others_go_on() {
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(900), "evicted after the timeout, not before ({waited:?})");
 }
+
+/// QoS 0 messages of 64 KiB: a few dozen fill the socket buffers in front of a subscriber
+/// that does not read, so the rest meet its session queue.
+const BIG: usize = 64 * 1024;
+
+/// Publishes `n` numbered QoS 0 messages of [`BIG`] bytes to `topic`, then pings: the
+/// PINGRESP shows the broker has read everything the publisher sent.
+async fn flood_qos0(addr: std::net::SocketAddr, topic: &'static str, n: usize) {
+    let (mut c, _) = TestClient::connect_ok(addr, V5, connect_packet(&format!("{topic}-pub"), true)).await;
+    for i in 0..n {
+        let mut payload = format!("{i:08}").into_bytes();
+        payload.resize(BIG, b'.');
+        c.send(Packet::Publish(publish(topic, QoS::AtMostOnce, payload))).await;
+    }
+    c.ping().await;
+}
+
+/// A QoS 0 subscriber to `topic`.
+async fn qos0_subscriber(addr: std::net::SocketAddr, id: &str, topic: &str) -> TestClient {
+    let (mut sub, _) = TestClient::connect_ok(addr, V5, connect_packet(id, true)).await;
+    sub.subscribe(topic, QoS::AtMostOnce).await;
+    sub
+}
+
+/// The numbers of the messages `sub` receives until it has been quiet for a while.
+async fn numbers_received(sub: &mut TestClient) -> Vec<usize> {
+    let mut got = Vec::new();
+    while let Recv::Packet(Packet::Publish(p)) = sub.recv_within(Duration::from_secs(1)).await {
+        got.push(std::str::from_utf8(&p.payload[..8]).unwrap().parse().unwrap());
+    }
+    got
+}
+
+/// 200 QoS 0 messages to a subscriber that stops reading for 300 ms, with a session queue of
+/// 20: what it receives and what the broker dropped.
+async fn qos0_flood_through_a_stall(pacing_ms: u64) -> (Vec<usize>, u64) {
+    let mut config = Config::embedded();
+    config.session.max_queued_messages = 20;
+    config.session.qos0_pacing_ms = pacing_ms;
+    let b = start(config).await;
+    let mut sub = qos0_subscriber(b.addr, "q0-sub", "q0").await;
+    let publisher = tokio::spawn(flood_qos0(b.addr, "q0", 200));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = numbers_received(&mut sub).await;
+    publisher.await.expect("the publisher got through");
+    (got, b.dropped())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos0_publisher_is_paced_through_a_subscriber_stall_and_nothing_is_dropped() {
+    let (got, dropped) = qos0_flood_through_a_stall(1000).await;
+    assert_eq!(got, (0..200).collect::<Vec<_>>(), "every message, in order");
+    assert_eq!(dropped, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pacing_a_subscriber_stall_drops_qos0_and_counts_it() {
+    let (got, dropped) = qos0_flood_through_a_stall(0).await;
+    assert!(got.len() < 200, "the queue of 20 overflowed");
+    assert_eq!(dropped, 200 - got.len() as u64, "every missing message is counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_subscriber_paces_qos0_publishers_only_for_the_pacing_time() {
+    let mut config = Config::embedded();
+    config.session.max_queued_messages = 20;
+    config.session.qos0_pacing_ms = 200;
+    let b = start(config).await;
+    let _stuck = qos0_subscriber(b.addr, "q0s-stuck", "q0s").await;
+    let mut healthy = qos0_subscriber(b.addr, "q0s-healthy", "q0s").await;
+    let started = Instant::now();
+    let publisher = tokio::spawn(flood_qos0(b.addr, "q0s", 200));
+    let got = numbers_received(&mut healthy).await;
+    publisher.await.expect("the publisher got through: the stuck subscriber let it go");
+    assert_eq!(got, (0..200).collect::<Vec<_>>(), "the healthy subscriber got every message");
+    assert!(b.dropped() > 0, "the stuck subscriber's queue overflowed");
+    let held = b.broker.metrics.publishes_held.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(held > 0, "the publisher was paced at first");
+    assert!(started.elapsed() >= Duration::from_millis(200), "paced for the pacing time");
+}

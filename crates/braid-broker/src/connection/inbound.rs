@@ -40,7 +40,7 @@ pub struct Inbound<'a> {
     aliases: HashMap<u16, ByteString>,
     /// An ack freed in-flight room or a subscription queued retained messages.
     transmit: bool,
-    /// The acknowledgement of the last PUBLISH, while full subscriber queues hold it back.
+    /// The last PUBLISH, while subscriber queues that are full or behind hold it back.
     held: Option<Box<Held>>,
     /// Sync durability: acknowledgements waiting, in order, for their store tickets to be on
     /// disk (boxed: only connections that touch persistent sessions have one).
@@ -323,7 +323,12 @@ impl<'a> Inbound<'a> {
         let msg = Message::from_publish(p, now, self.session.id, self.session.client_id.clone());
         let (ack, mut ticket) = match qos {
             QoS::AtMostOnce => {
-                let _ = self.broker.publish(msg);
+                let published = self.broker.publish(msg);
+                if !published.held.is_empty() {
+                    Metrics::add(&self.broker.metrics.publishes_held, 1);
+                    self.held =
+                        Some(Box::new(Held { ack: None, ticket: 0, sessions: published.held, since: now }));
+                }
                 return Flow::Continue;
             }
             QoS::AtLeastOnce => {
@@ -352,7 +357,7 @@ impl<'a> Inbound<'a> {
             self.ack(ack, ticket, out);
         } else {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
-            self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: now }));
+            self.held = Some(Box::new(Held { ack: Some(ack), ticket, sessions: published.held, since: now }));
         }
         // A QoS 1 PUBLISH whose PUBACK waits counts against Receive Maximum.
         if qos == QoS::AtLeastOnce
@@ -397,20 +402,24 @@ impl<'a> Inbound<'a> {
         }
     }
 
-    /// Waits for a held acknowledgement to be released (its subscriber queues drained), for a
-    /// pause to end or, while acknowledgements await the group commit, for the commit to move
-    /// on (`None`: call [`Inbound::flush_synced`]). Cancel-safe.
+    /// Waits for a held PUBLISH to be released (its subscriber queues drained) and returns its
+    /// acknowledgement, for a pause to end or, while acknowledgements await the group commit,
+    /// for the commit to move on (`None`: call [`Inbound::flush_synced`]). Cancel-safe.
     pub async fn next_ack(&mut self) -> Option<(Packet, Ticket)> {
-        let timeout = self.broker.config.session.slow_consumer_timeout_secs;
+        let session = &self.broker.config.session;
+        let limits = (
+            Duration::from_secs(session.slow_consumer_timeout_secs),
+            Duration::from_millis(session.qos0_pacing_ms),
+        );
         let (held, durable, pause) = (&mut self.held, &mut self.durable, &mut self.pause);
         tokio::select! {
-            ack = release_held(held, timeout) => Some(ack),
+            ack = release_held(held, limits) => ack,
             () = commit_moved(durable) => None,
             () = pause_ended(pause, self.broker) => None,
         }
     }
 
-    /// True while an acknowledgement is held back by full subscriber queues, the client is
+    /// True while a PUBLISH is held back by subscriber queues (full, or behind), the client is
     /// paused (publish rate, memory alarm), or too many acknowledgements wait for the group
     /// commit: the connection reads nothing more from this client until [`Inbound::next_ack`]
     /// releases it.
@@ -424,25 +433,32 @@ impl<'a> Inbound<'a> {
     }
 }
 
-/// Waits until every subscriber queue that held the acknowledgement has drained (or its
-/// client went away), then returns the acknowledgement and its ticket. A subscriber that holds
-/// it past `timeout` seconds is disconnected. Cancel-safe; never resolves when nothing is held.
-async fn release_held(held: &mut Option<Box<Held>>, timeout: u64) -> (Packet, Ticket) {
+/// Waits until every subscriber queue that held the PUBLISH has drained (or its client went
+/// away), then returns its acknowledgement (None for QoS 0) and ticket. A QoS 1/2 PUBLISH held
+/// past `slow_consumer` disconnects the subscriber holding it; a QoS 0 PUBLISH is held for at
+/// most `pacing`. Cancel-safe; never resolves when nothing is held.
+async fn release_held(
+    held: &mut Option<Box<Held>>,
+    (slow_consumer, pacing): (Duration, Duration),
+) -> Option<(Packet, Ticket)> {
     let Some(h) = held.as_mut() else { return std::future::pending().await };
     while let Some(s) = h.sessions.last() {
-        if timeout == 0 {
+        if h.ack.is_none() {
+            // QoS 0 only paces: past the pacing time the subscriber is left behind.
+            let _ = tokio::time::timeout_at((h.since + pacing).into(), s.wait_for_space()).await;
+        } else if slow_consumer.is_zero() {
             s.wait_for_space().await;
         } else {
-            let deadline = h.since + Duration::from_secs(timeout);
+            let deadline = h.since + slow_consumer;
             if tokio::time::timeout_at(deadline.into(), s.wait_for_space()).await.is_err() {
-                s.evict_slow_consumer(timeout);
+                s.evict_slow_consumer(slow_consumer.as_secs());
                 s.wait_for_space().await;
             }
         }
         h.sessions.pop();
     }
     match held.take() {
-        Some(h) => (h.ack, h.ticket),
+        Some(h) => h.ack.map(|ack| (ack, h.ticket)),
         None => std::future::pending().await,
     }
 }
@@ -468,9 +484,10 @@ async fn commit_moved(durable: &mut Option<Box<Durable>>) {
     }
 }
 
-/// An acknowledgement waiting for subscriber queues to drain.
+/// A PUBLISH whose subscriber queues hold its publisher back: its acknowledgement (None for
+/// QoS 0) waits for them to drain.
 struct Held {
-    ack: Packet,
+    ack: Option<Packet>,
     ticket: Ticket,
     sessions: Vec<Arc<Session>>,
     since: Instant,

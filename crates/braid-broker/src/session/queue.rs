@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use braid_proto::QoS;
 
@@ -22,6 +23,8 @@ pub struct QueueLimits {
     pub overflow: OverflowPolicy,
     /// What to do with a QoS 0 delivery when full (never `Backpressure`).
     pub overflow_qos0: OverflowPolicy,
+    /// How long a connected client that falls behind may pace QoS 0 publishers (zero: never).
+    pub qos0_pacing: Duration,
 }
 
 impl QueueLimits {
@@ -33,6 +36,7 @@ impl QueueLimits {
             queue_qos0: s.queue_qos0,
             overflow: s.queue_overflow,
             overflow_qos0: s.queue_overflow_qos0,
+            qos0_pacing: Duration::from_millis(s.qos0_pacing_ms),
         }
     }
 }

@@ -155,6 +155,9 @@ pub struct SessionState {
     /// Publishers waiting for this queue to drain (backpressure), as counted when they began
     /// to wait.
     held: u32,
+    /// Since when the attached client has been behind with QoS 0 publishers paced for it
+    /// (None once its queue empties).
+    behind_since: Option<Instant>,
     /// The store link of a persistent session (None: nothing of it is written anywhere).
     pub persist: Option<Box<Persist>>,
 }
@@ -173,6 +176,7 @@ impl SessionState {
             generation: 0,
             dropped: 0,
             held: 0,
+            behind_since: None,
             persist: None,
         }
     }
@@ -193,6 +197,7 @@ impl SessionState {
         self.generation += 1;
         link.generation = self.generation;
         self.link = Some(link);
+        self.behind_since = None;
         self.inflight.mark_all_unsent();
         self.generation
     }
@@ -228,12 +233,30 @@ impl SessionState {
         if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
             self.dropped += 1;
         }
-        let backpressure =
-            qos != QoS::AtMostOnce && self.queue.limits().overflow == OverflowPolicy::Backpressure;
-        if r == Enqueued::Queued && backpressure && self.over_backlog() {
+        // Held beyond the delivery window; a QoS 0 delivery also once the queue is full, since
+        // the next one would be dropped.
+        let holds = r == Enqueued::Queued
+            && match qos {
+                QoS::AtMostOnce => self.blocks_publishers_now() && self.paces_qos0(),
+                _ => self.queue.limits().overflow == OverflowPolicy::Backpressure && self.over_backlog(),
+            };
+        if holds {
             return Enqueued::QueuedOverLimit;
         }
         r
+    }
+
+    /// True if a QoS 0 delivery to this client, which is behind, may hold its publisher:
+    /// pacing is on and the client has been behind for less than the pacing time (counted from
+    /// the first delivery it was behind for, until its queue empties).
+    fn paces_qos0(&mut self) -> bool {
+        let pacing = self.queue.limits().qos0_pacing;
+        if pacing.is_zero() {
+            return false;
+        }
+        let now = Instant::now();
+        let since = *self.behind_since.get_or_insert(now);
+        now.duration_since(since) < pacing
     }
 
     /// True while the attached client's queue holds more than its delivery window: the
@@ -499,6 +522,9 @@ impl SessionState {
             let _ = encode(&Packet::Publish(p), version, buf);
             t.published += 1;
         }
+        if self.queue.is_empty() {
+            self.behind_since = None;
+        }
         self.dropped += t.dropped;
         t
     }
@@ -557,6 +583,7 @@ mod tests {
     use crate::config::SessionConfig;
     use crate::message::Message;
     use braid_proto::{decode, Bytes};
+    use std::time::Duration;
 
     fn limits(max: usize) -> Arc<QueueLimits> {
         let config = SessionConfig {
@@ -659,6 +686,43 @@ mod tests {
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 2);
     }
 
+    /// A session with the default limits but `qos0_pacing_ms`, attached, its window 64.
+    fn paced(pacing_ms: u64) -> SessionState {
+        let config = SessionConfig { qos0_pacing_ms: pacing_ms, ..Default::default() };
+        let mut st = SessionState::new(Arc::new(QueueLimits::from_config(&config)));
+        st.attach(link(ProtocolVersion::V5, 1000, 0));
+        st
+    }
+
+    /// Queues 64 QoS 0 deliveries (one window), then offers one more.
+    fn qos0_beyond_the_window(st: &mut SessionState) -> Enqueued {
+        for _ in 0..64 {
+            assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::Queued);
+        }
+        st.enqueue(delivery("t", QoS::AtMostOnce))
+    }
+
+    #[test]
+    fn qos0_paces_publishers_for_the_pacing_time_then_until_the_queue_empties() {
+        let mut st = paced(20);
+        assert_eq!(qos0_beyond_the_window(&mut st), Enqueued::QueuedOverLimit, "behind: paced");
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            st.enqueue(delivery("t", QoS::AtMostOnce)),
+            Enqueued::Queued,
+            "behind too long: left behind"
+        );
+        transmit(&mut st, Instant::now());
+        assert!(st.queue.is_empty());
+        assert_eq!(qos0_beyond_the_window(&mut st), Enqueued::QueuedOverLimit, "caught up: paced again");
+    }
+
+    #[test]
+    fn qos0_pacing_off_never_holds_a_publisher() {
+        let mut st = paced(0);
+        assert_eq!(qos0_beyond_the_window(&mut st), Enqueued::Queued);
+    }
+
     #[test]
     fn a_queue_beyond_the_window_holds_publishers_and_releases_them_in_turn() {
         let config = SessionConfig { max_queued_messages: 1000, ..Default::default() };
@@ -669,7 +733,7 @@ mod tests {
             assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
         }
         assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::QueuedOverLimit);
-        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::Queued, "QoS 0 is never held");
+        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::QueuedOverLimit, "QoS 0 is paced");
         for _ in 0..3 {
             assert!(st.blocks_publishers());
         }
