@@ -59,12 +59,23 @@ pub struct Broker {
     pub(crate) handovers: Notify,
 }
 
+/// A session holding a publisher back.
+#[derive(Debug)]
+pub struct Holder {
+    /// The session.
+    pub session: Arc<Session>,
+    /// Its delivery was QoS 0: it paces the publisher, for at most `session.qos0_pacing_ms`,
+    /// instead of holding it until `session.slow_consumer_timeout_secs` evicts it.
+    pub paced: bool,
+}
+
 /// What became of a published message.
 #[derive(Debug, Default)]
 pub struct Published {
-    /// Sessions that took it beyond their queue limit (backpressure): the publisher's
-    /// acknowledgement waits until each has drained ([`Session::wait_for_space`]).
-    pub held: Vec<Arc<Session>>,
+    /// Sessions that hold the publisher back (their queue is beyond its limit or their
+    /// delivery window): it is read no further, and its acknowledgement waits, until each has
+    /// drained ([`Session::wait_for_space`]).
+    pub held: Vec<Holder>,
     /// The store ticket the acknowledgement waits for under sync durability (0: none).
     pub ticket: Ticket,
 }
@@ -481,11 +492,12 @@ impl Broker {
                 seq: 0,
                 stream: e.stream,
             };
+            let paced = d.qos == QoS::AtMostOnce;
             let (r, ticket) = self.deliver(&e.session, d);
             out.ticket = out.ticket.max(ticket);
             // A client is never held back by its own subscription.
             if r == Enqueued::QueuedOverLimit && e.session.id != msg.origin {
-                out.held.push(e.session.clone());
+                out.held.push(Holder { session: e.session.clone(), paced });
             }
         }
         out

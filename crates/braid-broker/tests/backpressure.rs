@@ -140,16 +140,33 @@ async fn slow_consumer_is_disconnected_with_0x97_and_the_others_go_on() {
 /// that does not read, so the rest meet its session queue.
 const BIG: usize = 64 * 1024;
 
-/// Publishes `n` numbered QoS 0 messages of [`BIG`] bytes to `topic`, then pings: the
-/// PINGRESP shows the broker has read everything the publisher sent.
-async fn flood_qos0(addr: std::net::SocketAddr, topic: &'static str, n: usize) {
+/// Publishes `n` numbered messages of [`BIG`] bytes to `topic` at `qos`, then waits until the
+/// broker has read them all: a PINGRESP after QoS 0, every PUBACK after QoS 1.
+async fn flood(addr: std::net::SocketAddr, topic: &'static str, n: u16, qos: QoS) {
     let (mut c, _) = TestClient::connect_ok(addr, V5, connect_packet(&format!("{topic}-pub"), true)).await;
+    let packet_id = |i: u16| if qos == QoS::AtMostOnce { 0 } else { i + 1 };
     for i in 0..n {
         let mut payload = format!("{i:08}").into_bytes();
         payload.resize(BIG, b'.');
-        c.send(Packet::Publish(publish(topic, QoS::AtMostOnce, payload))).await;
+        c.send(Packet::Publish(Publish { packet_id: packet_id(i), ..publish(topic, qos, payload) })).await;
     }
-    c.ping().await;
+    if qos == QoS::AtMostOnce {
+        c.ping().await;
+    }
+    for i in (0..n).filter(|_| qos != QoS::AtMostOnce) {
+        match c.expect_packet().await {
+            Packet::PubAck(a) => assert_eq!(a.packet_id, packet_id(i)),
+            other => panic!("expected PUBACK, got {other:?}"),
+        }
+    }
+}
+
+/// The embedded config with session queues of 20 messages and `qos0_pacing_ms`.
+fn queue_of_20(qos0_pacing_ms: u64) -> Config {
+    let mut config = Config::embedded();
+    config.session.max_queued_messages = 20;
+    config.session.qos0_pacing_ms = qos0_pacing_ms;
+    config
 }
 
 /// A QoS 0 subscriber to `topic`.
@@ -171,12 +188,9 @@ async fn numbers_received(sub: &mut TestClient) -> Vec<usize> {
 /// 200 QoS 0 messages to a subscriber that stops reading for 300 ms, with a session queue of
 /// 20: what it receives and what the broker dropped.
 async fn qos0_flood_through_a_stall(pacing_ms: u64) -> (Vec<usize>, u64) {
-    let mut config = Config::embedded();
-    config.session.max_queued_messages = 20;
-    config.session.qos0_pacing_ms = pacing_ms;
-    let b = start(config).await;
+    let b = start(queue_of_20(pacing_ms)).await;
     let mut sub = qos0_subscriber(b.addr, "q0-sub", "q0").await;
-    let publisher = tokio::spawn(flood_qos0(b.addr, "q0", 200));
+    let publisher = tokio::spawn(flood(b.addr, "q0", 200, QoS::AtMostOnce));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got = numbers_received(&mut sub).await;
     publisher.await.expect("the publisher got through");
@@ -199,14 +213,11 @@ async fn without_pacing_a_subscriber_stall_drops_qos0_and_counts_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_subscriber_paces_qos0_publishers_only_for_the_pacing_time() {
-    let mut config = Config::embedded();
-    config.session.max_queued_messages = 20;
-    config.session.qos0_pacing_ms = 200;
-    let b = start(config).await;
+    let b = start(queue_of_20(200)).await;
     let _stuck = qos0_subscriber(b.addr, "q0s-stuck", "q0s").await;
     let mut healthy = qos0_subscriber(b.addr, "q0s-healthy", "q0s").await;
     let started = Instant::now();
-    let publisher = tokio::spawn(flood_qos0(b.addr, "q0s", 200));
+    let publisher = tokio::spawn(flood(b.addr, "q0s", 200, QoS::AtMostOnce));
     let got = numbers_received(&mut healthy).await;
     publisher.await.expect("the publisher got through: the stuck subscriber let it go");
     assert_eq!(got, (0..200).collect::<Vec<_>>(), "the healthy subscriber got every message");
@@ -214,4 +225,14 @@ async fn a_stuck_subscriber_paces_qos0_publishers_only_for_the_pacing_time() {
     let held = b.broker.metrics.publishes_held.load(std::sync::atomic::Ordering::Relaxed);
     assert!(held > 0, "the publisher was paced at first");
     assert!(started.elapsed() >= Duration::from_millis(200), "paced for the pacing time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_qos0_subscription_paces_a_qos1_publisher_only_for_the_pacing_time() {
+    let b = start(queue_of_20(200)).await;
+    // QoS 1 messages reach this subscriber as QoS 0: it paces, and is never waited for until
+    // the slow-consumer timeout (60 s, far beyond the test's patience for each PUBACK).
+    let _stuck = qos0_subscriber(b.addr, "q1p-stuck", "q1p").await;
+    flood(b.addr, "q1p", 200, QoS::AtLeastOnce).await;
+    assert!(b.dropped() > 0, "the stuck subscriber's queue overflowed");
 }

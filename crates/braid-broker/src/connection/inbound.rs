@@ -12,7 +12,7 @@ use braid_proto::{
 
 use super::receive_window::WindowShare;
 use crate::auth::ConnectionAcl;
-use crate::broker::{Broker, Ending};
+use crate::broker::{Broker, Ending, Holder};
 use crate::config::DeniedPublish;
 use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::{Message, StreamTag};
@@ -434,17 +434,18 @@ impl<'a> Inbound<'a> {
 }
 
 /// Waits until every subscriber queue that held the PUBLISH has drained (or its client went
-/// away), then returns its acknowledgement (None for QoS 0) and ticket. A QoS 1/2 PUBLISH held
-/// past `slow_consumer` disconnects the subscriber holding it; a QoS 0 PUBLISH is held for at
-/// most `pacing`. Cancel-safe; never resolves when nothing is held.
+/// away), then returns its acknowledgement (None for QoS 0) and ticket. A subscriber that
+/// paces (its delivery was QoS 0) holds it for at most `pacing`; one that holds it by
+/// backpressure past `slow_consumer` is disconnected. Cancel-safe; never resolves when nothing
+/// is held.
 async fn release_held(
     held: &mut Option<Box<Held>>,
     (slow_consumer, pacing): (Duration, Duration),
 ) -> Option<(Packet, Ticket)> {
     let Some(h) = held.as_mut() else { return std::future::pending().await };
-    while let Some(s) = h.sessions.last() {
-        if h.ack.is_none() {
-            // QoS 0 only paces: past the pacing time the subscriber is left behind.
+    while let Some(Holder { session: s, paced }) = h.sessions.last() {
+        if *paced {
+            // Pacing only: past the pacing time the subscriber is left behind.
             let _ = tokio::time::timeout_at((h.since + pacing).into(), s.wait_for_space()).await;
         } else if slow_consumer.is_zero() {
             s.wait_for_space().await;
@@ -489,7 +490,7 @@ async fn commit_moved(durable: &mut Option<Box<Durable>>) {
 struct Held {
     ack: Option<Packet>,
     ticket: Ticket,
-    sessions: Vec<Arc<Session>>,
+    sessions: Vec<Holder>,
     since: Instant,
 }
 
