@@ -23,6 +23,7 @@ import pytest
 import websocket
 
 import helpers
+import raw_v5
 from conftest import BRAID_BIN, free_port, wait_for_port
 from helpers import MQTTv311, MQTTv5, TIMEOUT, MqttClient, mosquitto_pub, start_mosquitto_sub, unique, wait_until
 from pki import Pki
@@ -460,3 +461,40 @@ def test_braid_pub_sub_cli_over_each_transport(tls_broker, pki, flags):
         if sub.poll() is None:
             sub.kill()
             sub.wait()
+
+
+def test_a_listener_queue_policy_applies_to_its_own_clients(tls_broker, connect):
+    """``[session.listeners.ws]`` turns QoS 0 pacing off for WebSocket clients only. A paho
+    publisher floods 200 QoS 0 messages of 64 KiB at a subscriber that reads nothing for 300 ms,
+    with session queues of 20: a plain TCP subscriber paces the publisher and gets every
+    message; a WebSocket one does not, so its queue overflows."""
+    b = tls_broker(session__max_queued_messages=20, session__listeners__ws__qos0_pacing_ms=0)
+    pub = connect(b)
+
+    def flood(topic):
+        for i in range(200):
+            pub.publish(topic, f"{i:08}".encode().ljust(64 * 1024, b"."), qos=0, wait=False)
+        time.sleep(0.3)
+
+    ws, ws_topic = RawWs(b.ws_port), unique("lp-ws")
+    ws.send_frame(0x2, helpers.connect_packet(unique("ws-sub")))
+    assert ws.recv_packet() == helpers.CONNACK
+    ws.send_frame(0x2, helpers.subscribe_packet(1, [(ws_topic, 0)]))
+    assert ws.recv_packet() == helpers.SUBACK
+    flood(ws_topic)
+    ws.sock.settimeout(1.0)
+    over_ws = 0
+    try:
+        while ws.recv_packet() == helpers.PUBLISH:
+            over_ws += 1
+    except socket.timeout:
+        pass
+    ws.close()
+    assert 0 < over_ws < 200
+
+    tcp, tcp_topic = raw_v5.Raw5(b), unique("lp-tcp")
+    tcp.connect5(unique("tcp-sub"))
+    tcp.subscribe5([(tcp_topic, 0)])
+    flood(tcp_topic)
+    assert [int(p.payload[:8]) for p in tcp.publishes(10.0, n=200)] == list(range(200))
+    tcp.close()

@@ -19,7 +19,7 @@ use braid_proto::{
 };
 
 use crate::auth::{ConnectionAcl, Security};
-use crate::config::Config;
+use crate::config::{Config, QueuePolicy, Transport};
 use crate::control::ConnControl;
 use crate::limits::{topic_too_big, MemoryAlarm};
 use crate::message::{Delivery, Message, StreamTag};
@@ -49,8 +49,12 @@ pub struct Broker {
     router: RwLock<Router>,
     retained: RwLock<Retained>,
     next_session_id: AtomicU64,
-    /// `[session]` queue limits, shared by every session.
+    /// `[session]` queue limits, for sessions recovered from the store until their client
+    /// connects.
     queue_limits: Arc<QueueLimits>,
+    /// The queue limits of each listener's clients (`[session]` with
+    /// `[session.listeners.<transport>]`), in [`Transport::ALL`] order.
+    listener_limits: [Arc<QueueLimits>; 5],
     /// Where persistent sessions and retained messages are kept.
     pub store: Arc<dyn Store>,
     /// Where idle plain-TCP connections park, once the server has started it.
@@ -126,6 +130,13 @@ impl Broker {
     fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
         let strategy = config.shared.strategy;
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
+        let listener_limits = Transport::ALL.map(|t| {
+            let policy = config.session.listeners.get(t);
+            match policy == &QueuePolicy::default() {
+                true => queue_limits.clone(),
+                false => Arc::new(QueueLimits::with_policy(&config.session, policy)),
+            }
+        });
         Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),
@@ -138,6 +149,7 @@ impl Broker {
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
             queue_limits,
+            listener_limits,
             lot: OnceLock::new(),
             handovers: Notify::new(),
             store,
@@ -210,10 +222,11 @@ impl Broker {
         }
     }
 
-    /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
-    /// (closing a connection that holds it) and attaches this connection; returns it with the
+    /// Handles CONNECT on `transport`'s listener: validates the client id, applies limits,
+    /// finds or creates the session (closing a connection that holds it) and attaches this
+    /// connection, the session's queue now under that listener's policies; returns it with the
     /// CONNACK to send first. `Err` carries the CONNACK reason to refuse with.
-    pub fn connect(self: &Arc<Self>, c: &Connect) -> Result<Connected, ReasonCode> {
+    pub fn connect(self: &Arc<Self>, c: &Connect, transport: Transport) -> Result<Connected, ReasonCode> {
         let cfg = &self.config;
         let v5 = c.protocol.is_v5();
         let mut props = Properties::default();
@@ -276,6 +289,7 @@ impl Broker {
             }
         }
 
+        let limits = &self.listener_limits[transport as usize];
         let (session, session_present, old) = {
             let mut sessions = self.sessions.lock();
             let existing = sessions.get(&*client_id).map(|s| s.0.clone());
@@ -283,7 +297,7 @@ impl Broker {
                 Some(s) if !c.clean_start => (s.clone(), true, Some((s, false))),
                 existing => {
                     let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-                    let s = Arc::new(Session::new(id, client_id.clone(), self.queue_limits.clone()));
+                    let s = Arc::new(Session::new(id, client_id.clone(), limits.clone()));
                     if expiry > 0 && self.store.persistent() {
                         s.lock().persist =
                             Some(Box::new(Persist::new(self.store.clone(), id, client_id.clone(), 1)));
@@ -310,6 +324,7 @@ impl Broker {
             let mut st = session.lock();
             st.expiry_secs = expiry;
             st.will = c.will.clone().map(Box::new);
+            st.queue.set_limits(limits.clone());
             let generation = st.attach(link);
             if expiry > 0 && self.store.persistent() && st.persist.is_none() {
                 // An online session resumed by a connection that asks for persistence.

@@ -253,6 +253,80 @@ pub enum OverflowPolicy {
     DropOldest,
 }
 
+/// A listener (transport) clients connect through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// MQTT over TCP.
+    Tcp,
+    /// MQTT over TLS.
+    Tls,
+    /// MQTT over WebSocket.
+    Ws,
+    /// MQTT over WebSocket over TLS.
+    Wss,
+    /// MQTT over QUIC.
+    Quic,
+}
+
+impl Transport {
+    /// Every transport, in declaration order (`transport as usize` indexes it).
+    pub const ALL: [Transport; 5] =
+        [Transport::Tcp, Transport::Tls, Transport::Ws, Transport::Wss, Transport::Quic];
+
+    /// Its key under `[listeners]` and `[session.listeners]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Tls => "tls",
+            Transport::Ws => "ws",
+            Transport::Wss => "wss",
+            Transport::Quic => "quic",
+        }
+    }
+}
+
+/// Queue policies for the sessions of clients that connect through one listener; unset keys
+/// keep `[session]`'s.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueuePolicy {
+    /// Overrides `session.queue_overflow`.
+    pub queue_overflow: Option<OverflowPolicy>,
+    /// Overrides `session.queue_overflow_qos0`.
+    pub queue_overflow_qos0: Option<OverflowPolicy>,
+    /// Overrides `session.qos0_pacing_ms`.
+    pub qos0_pacing_ms: Option<u64>,
+}
+
+/// Per-listener queue policies (`[session.listeners.<transport>]`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerPolicies {
+    /// Clients on the TCP listener.
+    pub tcp: QueuePolicy,
+    /// Clients on the TLS listener.
+    pub tls: QueuePolicy,
+    /// Clients on the WebSocket listener.
+    pub ws: QueuePolicy,
+    /// Clients on the WebSocket-over-TLS listener.
+    pub wss: QueuePolicy,
+    /// Clients on the QUIC listener.
+    pub quic: QueuePolicy,
+}
+
+impl ListenerPolicies {
+    /// The policy of clients on `transport`'s listener.
+    pub fn get(&self, transport: Transport) -> &QueuePolicy {
+        match transport {
+            Transport::Tcp => &self.tcp,
+            Transport::Tls => &self.tls,
+            Transport::Ws => &self.ws,
+            Transport::Wss => &self.wss,
+            Transport::Quic => &self.quic,
+        }
+    }
+}
+
 /// Session and queue settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -275,6 +349,9 @@ pub struct SessionConfig {
     /// began; after that its QoS 0 deliveries queue and drop by `queue_overflow_qos0` until
     /// its queue empties. 0 never paces.
     pub qos0_pacing_ms: u64,
+    /// Overrides of the three settings above for clients of one listener: a session follows
+    /// the listener its client last connected through.
+    pub listeners: ListenerPolicies,
     /// Upper bound on the Session Expiry Interval a client may ask for (seconds).
     pub max_session_expiry_secs: u32,
 }
@@ -289,6 +366,7 @@ impl Default for SessionConfig {
             queue_overflow_qos0: OverflowPolicy::DropNewest,
             slow_consumer_timeout_secs: 60,
             qos0_pacing_ms: 1000,
+            listeners: ListenerPolicies::default(),
             max_session_expiry_secs: u32::MAX,
         }
     }
@@ -604,11 +682,20 @@ impl Config {
         if self.mqtt.connect_timeout_secs == 0 {
             return bad("mqtt.connect_timeout_secs", "must be at least 1");
         }
-        if self.session.queue_overflow_qos0 == OverflowPolicy::Backpressure {
-            return bad(
-                "session.queue_overflow_qos0",
-                "must be drop_newest or drop_oldest (backpressure is for QoS 1/2)",
-            );
+        let qos0_policies = std::iter::once((
+            "session.queue_overflow_qos0".to_string(),
+            Some(self.session.queue_overflow_qos0),
+        ))
+        .chain(Transport::ALL.map(|t| {
+            (
+                format!("session.listeners.{}.queue_overflow_qos0", t.name()),
+                self.session.listeners.get(t).queue_overflow_qos0,
+            )
+        }));
+        for (key, policy) in qos0_policies {
+            if policy == Some(OverflowPolicy::Backpressure) {
+                return bad(&key, "must be drop_newest or drop_oldest (backpressure is for QoS 1/2)");
+            }
         }
         if self.session.max_queued_messages == 0 || self.session.max_queued_bytes == 0 {
             return bad("session.max_queued_messages", "queue limits must be at least 1");
@@ -776,6 +863,19 @@ mod tests {
         assert!(err.contains("tls.min_version"), "{err}");
         let c = Config::load(None, &["tls.min_version=1.3".into()]).unwrap();
         assert_eq!(c.tls.min_version, TlsVersion::Tls13);
+    }
+
+    #[test]
+    fn listener_queue_policies_override_the_session_ones_and_are_checked() {
+        let set = ["session.listeners.ws.queue_overflow=\"drop_oldest\"".into()];
+        let c = Config::load(None, &set).unwrap();
+        assert_eq!(c.session.listeners.get(Transport::Ws).queue_overflow, Some(OverflowPolicy::DropOldest));
+        assert_eq!(c.session.listeners.get(Transport::Tcp), &QueuePolicy::default());
+        let set = ["session.listeners.quic.queue_overflow_qos0=\"backpressure\"".into()];
+        let err = Config::load(None, &set).unwrap_err().to_string();
+        assert!(err.contains("session.listeners.quic.queue_overflow_qos0"), "{err}");
+        let err = Config::load(None, &["session.listeners.ws.max_queued_messages=5".into()]).unwrap_err();
+        assert!(err.to_string().contains("max_queued_messages"), "{err}");
     }
 
     #[test]

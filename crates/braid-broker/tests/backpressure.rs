@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use braid_broker::config::OverflowPolicy;
+use braid_broker::config::{OverflowPolicy, Transport};
 use common::*;
 
 /// A v5 subscriber to `filter` at QoS 1 that lets the broker have `receive_maximum` unacked.
@@ -71,10 +71,21 @@ async fn stalled_subscriber(addr: std::net::SocketAddr, id: &str, filter: &str) 
     subscriber(addr, id, filter, 1).await
 }
 
-async fn received_after_drop_policy(policy: OverflowPolicy) -> (Vec<String>, u64) {
+/// Where a drop policy is set: for every session, or for the clients of the TCP listener
+/// (`[session.listeners.tcp]`, over a `[session]` that says backpressure).
+#[derive(Clone, Copy)]
+enum Scope {
+    Session,
+    TcpListener,
+}
+
+async fn received_after_drop_policy(policy: OverflowPolicy, scope: Scope) -> (Vec<String>, u64) {
     let mut config = Config::embedded();
     config.session.max_queued_messages = 5;
-    config.session.queue_overflow = policy;
+    match scope {
+        Scope::Session => config.session.queue_overflow = policy,
+        Scope::TcpListener => config.session.listeners.tcp.queue_overflow = Some(policy),
+    }
     let b = start(config).await;
     let mut sub = stalled_subscriber(b.addr, "dp-sub", "dp").await;
     // Not held: with a drop policy every PUBACK comes at once.
@@ -94,16 +105,45 @@ fn numbered(range: impl IntoIterator<Item = usize>) -> Vec<String> {
     range.into_iter().map(|i| format!("dp-pub:{i}")).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drop_newest_counts_exactly_what_went_missing() {
-    let (got, dropped) = received_after_drop_policy(OverflowPolicy::DropNewest).await;
+/// Checks what [`received_after_drop_policy`] got under `drop_newest`.
+fn assert_dropped_newest((got, dropped): (Vec<String>, u64)) {
     assert_eq!(got, numbered(1..=got.len()), "the oldest were kept");
     assert_eq!(dropped, 20 - got.len() as u64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_newest_counts_exactly_what_went_missing() {
+    assert_dropped_newest(received_after_drop_policy(OverflowPolicy::DropNewest, Scope::Session).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_policy_overrides_the_session_policy_for_its_clients() {
+    assert_dropped_newest(received_after_drop_policy(OverflowPolicy::DropNewest, Scope::TcpListener).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_follows_the_policy_of_the_listener_its_client_last_came_through() {
+    let mut config = Config::embedded();
+    config.session.listeners.ws.queue_overflow = Some(OverflowPolicy::DropOldest);
+    config.session.listeners.ws.qos0_pacing_ms = Some(0);
+    let b = start(config).await;
+    let policies = |transport| {
+        let (accepted, ..) = b.broker.connect(&connect_with_expiry("lp", false, 60), transport).unwrap();
+        let limits = accepted.session.lock().queue.limits().clone();
+        (limits.overflow, limits.qos0_pacing)
+    };
+    assert_eq!(policies(Transport::Ws), (OverflowPolicy::DropOldest, Duration::ZERO));
+    assert_eq!(policies(Transport::Tcp), (OverflowPolicy::Backpressure, Duration::from_millis(1000)));
+    assert_eq!(
+        policies(Transport::Ws),
+        (OverflowPolicy::DropOldest, Duration::ZERO),
+        "the same session again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_oldest_counts_exactly_what_went_missing() {
-    let (got, dropped) = received_after_drop_policy(OverflowPolicy::DropOldest).await;
+    let (got, dropped) = received_after_drop_policy(OverflowPolicy::DropOldest, Scope::Session).await;
     let mut want = numbered(16..=20);
     if got.len() == 6 {
         want.insert(0, "dp-pub:1".into());

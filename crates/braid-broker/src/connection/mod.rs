@@ -21,6 +21,7 @@ use braid_proto::{
 
 use crate::auth::{AclSeed, ConnectionAcl};
 use crate::broker::{Accepted, Broker, Ending};
+use crate::config::Transport;
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
 use crate::session::{Session, SessionState, Transmit};
@@ -32,30 +33,25 @@ const WRITE_BUDGET: usize = 64 * 1024;
 /// A write buffer that grew beyond this is released once written.
 const KEEP_WRITE_CAPACITY: usize = 16 * 1024;
 
-/// Serves one client on `rd`/`wr` until it disconnects, misbehaves, is taken over or the
-/// broker shuts down. (Plain TCP goes through [`tcp::serve`], which can also park.)
-pub async fn serve<R, W>(broker: Arc<Broker>, rd: R, wr: W, peer: SocketAddr)
-where
-    R: AsyncRead + Unpin + Send,
-    W: AsyncWrite + Unpin + Send,
-{
-    serve_verified(broker, rd, wr, peer, None).await
-}
-
-/// [`serve`] for a transport that has already established who the client is (the name in a
-/// verified TLS client certificate): `verified_username` is the client's user name, and
-/// authentication accepts it without looking at the CONNECT's credentials.
+/// Serves one client of `transport`'s listener on `rd`/`wr` until it disconnects, misbehaves,
+/// is taken over or the broker shuts down (plain TCP goes through [`tcp::serve`], which can
+/// also park). `verified_username` is a name the transport has already established (a verified
+/// TLS client certificate's): authentication accepts it without looking at the CONNECT's
+/// credentials.
 pub async fn serve_verified<R, W>(
     broker: Arc<Broker>,
     mut rd: R,
     mut wr: W,
     peer: SocketAddr,
+    transport: Transport,
     verified_username: Option<String>,
 ) where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
-    let Some(start) = handshake(&broker, &mut rd, &mut wr, peer, verified_username).await else { return };
+    let Some(start) = handshake(&broker, &mut rd, &mut wr, peer, transport, verified_username).await else {
+        return;
+    };
     let mut conn = Connection::new(&broker, &start.accepted, start.version, peer, start.out);
     let acl = broker.security.resume_acl(start.acl, &start.accepted.session.client_id);
     // What the stream layer (TLS, WebSocket) holds unread cannot be seen from here.
@@ -85,6 +81,7 @@ async fn handshake<R, W>(
     rd: &mut R,
     wr: &mut W,
     peer: SocketAddr,
+    transport: Transport,
     verified_username: Option<String>,
 ) -> Option<Start>
 where
@@ -119,13 +116,14 @@ where
         Ok(Ok(c)) => c,
     };
     let version = connect.protocol;
-    let (accepted, connack, acl) = match admit(broker, &connect, verified_username.as_deref(), peer).await {
-        Ok(a) => a,
-        Err(reason) => {
-            Box::pin(refuse(wr, version, reason)).await;
-            return None;
-        }
-    };
+    let (accepted, connack, acl) =
+        match admit(broker, &connect, verified_username.as_deref(), peer, transport).await {
+            Ok(a) => a,
+            Err(reason) => {
+                Box::pin(refuse(wr, version, reason)).await;
+                return None;
+            }
+        };
     drop(connect);
     let mut out = BytesMut::new();
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
@@ -133,14 +131,15 @@ where
 }
 
 /// Authenticates a CONNECT (`verified_username`: a name the transport established), checks its
-/// will topic against the ACL and attaches the session, with a persistent session's deliveries
-/// read back from disk. Returns the attachment, its CONNACK and the client's authorization, or
+/// will topic against the ACL and attaches the session (under the queue policies of
+/// `transport`'s listener), with a persistent session's deliveries read back from disk. Returns the attachment, its CONNACK and the client's authorization, or
 /// the reason to refuse with (logged here). Every transport's handshake goes through this.
 pub(crate) async fn admit(
     broker: &Arc<Broker>,
     connect: &Connect,
     verified_username: Option<&str>,
     peer: SocketAddr,
+    transport: Transport,
 ) -> Result<(Accepted, ConnAck, Option<Box<AclSeed>>), ReasonCode> {
     let client_id = &connect.client_id;
     let identity = match broker.security.authenticate(connect, verified_username).await {
@@ -160,7 +159,7 @@ pub(crate) async fn admit(
     }
     // A connection that holds this client's session first handles what it was already sent.
     crate::handover::wait(broker, client_id).await;
-    let (accepted, connack, restore) = broker.connect(connect).inspect_err(|reason| {
+    let (accepted, connack, restore) = broker.connect(connect, transport).inspect_err(|reason| {
         info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
     })?;
     if let Some(restore) = restore {

@@ -15,6 +15,7 @@ use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 use super::{handshake, Connection, Stop};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
+use crate::config::Transport;
 use crate::park::{Parked, ParkingLot};
 
 /// Serves one TCP client; with a `lot`, the connection parks there while idle.
@@ -26,7 +27,7 @@ pub async fn serve(
 ) {
     let start = {
         let (mut rd, mut wr) = stream.split();
-        handshake(&broker, &mut rd, &mut wr, peer, None).await
+        handshake(&broker, &mut rd, &mut wr, peer, Transport::Tcp, None).await
     };
     let Some(start) = start else { return };
     if let Some(lot) = &lot {

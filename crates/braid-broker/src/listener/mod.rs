@@ -1,6 +1,6 @@
 //! The listeners besides plain TCP: MQTT over TLS, over WebSocket and over WebSocket on TLS.
 //! Each accepted socket goes through its handshakes here and is then served by
-//! [`crate::connection::serve`] like a TCP client: the transport is only a byte stream.
+//! [`crate::connection::serve_verified`] like a TCP client: the transport is only a byte stream.
 
 mod ws;
 
@@ -21,27 +21,9 @@ use braid_proto::{ByteString, WriteThrough};
 
 use crate::admission::Admission;
 use crate::broker::Broker;
-use crate::config::Config;
+use crate::config::{Config, Transport};
 use crate::connection;
 use crate::tls::{self, Reloadable};
-
-/// A transport a listener speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Tls,
-    Ws,
-    Wss,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Tls => "tls",
-            Kind::Ws => "ws",
-            Kind::Wss => "wss",
-        }
-    }
-}
 
 /// Where the optional listeners are bound (`None`: not configured).
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,7 +39,7 @@ pub struct Addrs {
 /// The bound TLS, WebSocket and WSS listeners, with the TLS config they share.
 #[derive(Debug)]
 pub struct Listeners {
-    bound: Vec<(Kind, TcpListener)>,
+    bound: Vec<(Transport, TcpListener)>,
     tls: Option<Arc<Reloadable>>,
 }
 
@@ -66,7 +48,7 @@ impl Listeners {
     /// listener. Bad TLS files are an `InvalidInput` error naming the key and the file.
     pub async fn bind(config: &Config) -> io::Result<Listeners> {
         let l = &config.listeners;
-        let wanted = [(Kind::Tls, l.tls), (Kind::Ws, l.ws), (Kind::Wss, l.wss)];
+        let wanted = [(Transport::Tls, l.tls), (Transport::Ws, l.ws), (Transport::Wss, l.wss)];
         let tls = match l.tls.is_some() || l.wss.is_some() {
             true => Some(Reloadable::load(&config.tls)?),
             false => None,
@@ -88,9 +70,11 @@ impl Listeners {
         for (kind, listener) in &self.bound {
             let addr = listener.local_addr().ok();
             match kind {
-                Kind::Tls => addrs.tls = addr,
-                Kind::Ws => addrs.ws = addr,
-                Kind::Wss => addrs.wss = addr,
+                Transport::Tls => addrs.tls = addr,
+                Transport::Ws => addrs.ws = addr,
+                Transport::Wss => addrs.wss = addr,
+                // Bound elsewhere (the handshake thread, the QUIC endpoint).
+                Transport::Tcp | Transport::Quic => {}
             }
         }
         addrs
@@ -112,7 +96,7 @@ impl Listeners {
 
 /// One listener's accept loop.
 struct Accept {
-    kind: Kind,
+    kind: Transport,
     broker: Arc<Broker>,
     tls: Option<Arc<Reloadable>>,
     admission: Arc<Admission>,
@@ -172,16 +156,16 @@ fn tls_username(broker: &Broker, stream: &TlsStream<TcpStream>) -> Result<Option
 
 /// Handshakes, then serves the MQTT connection.
 async fn serve(
-    kind: Kind,
+    kind: Transport,
     broker: Arc<Broker>,
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
 ) {
     let broker = &broker;
-    if kind == Kind::Ws {
+    if kind == Transport::Ws {
         if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, &broker.config)).await {
-            serve_stream(broker, ws, peer, None).await;
+            serve_stream(broker, ws, (peer, kind), None).await;
         }
         return;
     }
@@ -194,22 +178,26 @@ async fn serve(
     if let Some(name) = &username {
         info!(%peer, username = %name, "TLS client certificate accepted");
     }
-    if kind == Kind::Wss {
+    if kind == Transport::Wss {
         if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, &broker.config)).await {
-            serve_stream(broker, ws, peer, username).await;
+            serve_stream(broker, ws, (peer, kind), username).await;
         }
     } else {
-        serve_stream(broker, stream, peer, username).await;
+        serve_stream(broker, stream, (peer, kind), username).await;
     }
 }
 
 /// Serves MQTT on a TLS or WebSocket stream. Such streams hold back what they were given
 /// until flushed, so writes go through [`WriteThrough`].
-async fn serve_stream<S>(broker: &Arc<Broker>, stream: S, peer: SocketAddr, username: Option<ByteString>)
-where
+async fn serve_stream<S>(
+    broker: &Arc<Broker>,
+    stream: S,
+    (peer, kind): (SocketAddr, Transport),
+    username: Option<ByteString>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let (rd, wr) = tokio::io::split(stream);
     let verified = username.map(|name| name.to_string());
-    connection::serve_verified(broker.clone(), rd, WriteThrough::new(wr), peer, verified).await;
+    connection::serve_verified(broker.clone(), rd, WriteThrough::new(wr), peer, kind, verified).await;
 }

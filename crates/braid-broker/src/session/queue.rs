@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use braid_proto::QoS;
 
-use crate::config::{OverflowPolicy, SessionConfig};
+use crate::config::{OverflowPolicy, QueuePolicy, SessionConfig};
 use crate::message::Delivery;
 
 /// Limits of one session's queue.
@@ -30,13 +30,18 @@ pub struct QueueLimits {
 impl QueueLimits {
     /// The limits `[session]` configures.
     pub fn from_config(s: &SessionConfig) -> QueueLimits {
+        QueueLimits::with_policy(s, &QueuePolicy::default())
+    }
+
+    /// The limits `[session]` configures, with `policy`'s overrides.
+    pub fn with_policy(s: &SessionConfig, policy: &QueuePolicy) -> QueueLimits {
         QueueLimits {
             max_messages: s.max_queued_messages,
             max_bytes: s.max_queued_bytes,
             queue_qos0: s.queue_qos0,
-            overflow: s.queue_overflow,
-            overflow_qos0: s.queue_overflow_qos0,
-            qos0_pacing: Duration::from_millis(s.qos0_pacing_ms),
+            overflow: policy.queue_overflow.unwrap_or(s.queue_overflow),
+            overflow_qos0: policy.queue_overflow_qos0.unwrap_or(s.queue_overflow_qos0),
+            qos0_pacing: Duration::from_millis(policy.qos0_pacing_ms.unwrap_or(s.qos0_pacing_ms)),
         }
     }
 }
@@ -123,6 +128,11 @@ impl<T: Item> Queue<T> {
     /// The limits.
     pub fn limits(&self) -> &Arc<QueueLimits> {
         &self.limits
+    }
+
+    /// Applies other limits from now on (what is queued stays).
+    pub fn set_limits(&mut self, limits: Arc<QueueLimits>) {
+        self.limits = limits;
     }
 
     /// Offers a delivery; `online` tells whether a client is connected. Backpressure needs a
