@@ -68,9 +68,10 @@ pub struct Broker {
 pub struct Holder {
     /// The session.
     pub session: Arc<Session>,
-    /// Its delivery was QoS 0: it paces the publisher, for at most `session.qos0_pacing_ms`,
-    /// instead of holding it until `session.slow_consumer_timeout_secs` evicts it.
-    pub paced: bool,
+    /// Until when it paces the publisher (its delivery was QoS 0, see [`Enqueued::Paced`]);
+    /// None: it holds the publisher by backpressure, until `session.slow_consumer_timeout_secs`
+    /// evicts it.
+    pub paced_until: Option<Instant>,
 }
 
 /// What became of a published message.
@@ -507,12 +508,16 @@ impl Broker {
                 seq: 0,
                 stream: e.stream,
             };
-            let paced = d.qos == QoS::AtMostOnce;
             let (r, ticket) = self.deliver(&e.session, d);
             out.ticket = out.ticket.max(ticket);
+            let paced_until = match r {
+                Enqueued::QueuedOverLimit => None,
+                Enqueued::Paced(until) => Some(until),
+                _ => continue,
+            };
             // A client is never held back by its own subscription.
-            if r == Enqueued::QueuedOverLimit && e.session.id != msg.origin {
-                out.held.push(Holder { session: e.session.clone(), paced });
+            if e.session.id != msg.origin {
+                out.held.push(Holder { session: e.session.clone(), paced_until });
             }
         }
         out

@@ -285,6 +285,15 @@ impl Transport {
     }
 }
 
+// `transport as usize` indexes `Transport::ALL` (and arrays built from it).
+const _: () = {
+    let mut i = 0;
+    while i < Transport::ALL.len() {
+        assert!(Transport::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// Queue policies for the sessions of clients that connect through one listener; unset keys
 /// keep `[session]`'s.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -225,10 +225,10 @@ async fn numbers_received(sub: &mut TestClient) -> Vec<usize> {
     got
 }
 
-/// 200 QoS 0 messages to a subscriber that stops reading for 300 ms, with a session queue of
-/// 20: what it receives and what the broker dropped.
-async fn qos0_flood_through_a_stall(pacing_ms: u64) -> (Vec<usize>, u64) {
-    let b = start(queue_of_20(pacing_ms)).await;
+/// 200 QoS 0 messages to a subscriber that stops reading for 300 ms, on a broker with
+/// `config`: what it receives and what the broker dropped.
+async fn qos0_flood_through_a_stall(config: Config) -> (Vec<usize>, u64) {
+    let b = start(config).await;
     let mut sub = qos0_subscriber(b.addr, "q0-sub", "q0").await;
     let publisher = tokio::spawn(flood(b.addr, "q0", 200, QoS::AtMostOnce));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -239,14 +239,25 @@ async fn qos0_flood_through_a_stall(pacing_ms: u64) -> (Vec<usize>, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qos0_publisher_is_paced_through_a_subscriber_stall_and_nothing_is_dropped() {
-    let (got, dropped) = qos0_flood_through_a_stall(1000).await;
+    let (got, dropped) = qos0_flood_through_a_stall(queue_of_20(1000)).await;
+    assert_eq!(got, (0..200).collect::<Vec<_>>(), "every message, in order");
+    assert_eq!(dropped, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_pacing_time_holds_the_publisher_for_that_long() {
+    // Pacing off in [session], on for the TCP listener's subscribers: a held publisher waits
+    // by the subscriber's own pacing time, not the global one.
+    let mut config = queue_of_20(0);
+    config.session.listeners.tcp.qos0_pacing_ms = Some(1000);
+    let (got, dropped) = qos0_flood_through_a_stall(config).await;
     assert_eq!(got, (0..200).collect::<Vec<_>>(), "every message, in order");
     assert_eq!(dropped, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_pacing_a_subscriber_stall_drops_qos0_and_counts_it() {
-    let (got, dropped) = qos0_flood_through_a_stall(0).await;
+    let (got, dropped) = qos0_flood_through_a_stall(queue_of_20(0)).await;
     assert!(got.len() < 200, "the queue of 20 overflowed");
     assert_eq!(dropped, 200 - got.len() as u64, "every missing message is counted");
 }

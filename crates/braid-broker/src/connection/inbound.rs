@@ -322,20 +322,12 @@ impl<'a> Inbound<'a> {
         }
         let msg = Message::from_publish(p, now, self.session.id, self.session.client_id.clone());
         let (ack, mut ticket) = match qos {
-            QoS::AtMostOnce => {
-                let published = self.broker.publish(msg);
-                if !published.held.is_empty() {
-                    Metrics::add(&self.broker.metrics.publishes_held, 1);
-                    self.held =
-                        Some(Box::new(Held { ack: None, ticket: 0, sessions: published.held, since: now }));
-                }
-                return Flow::Continue;
-            }
+            QoS::AtMostOnce => (None, 0),
             QoS::AtLeastOnce => {
                 // Counted until its PUBACK is sent: at once (then it never counts), unless held
                 // or awaiting a commit (checked below, once that is known).
                 self.window.take();
-                (Packet::PubAck(Ack::new(id)), 0)
+                (Some(Packet::PubAck(Ack::new(id))), 0)
             }
             QoS::ExactlyOnce => {
                 let (first, ticket) = match self.receive_qos2(id) {
@@ -348,16 +340,16 @@ impl<'a> Inbound<'a> {
                     self.ack(ack, ticket, out);
                     return Flow::Continue;
                 }
-                (ack, ticket)
+                (Some(ack), ticket)
             }
         };
         let published = self.broker.publish(msg);
         ticket = ticket.max(published.ticket);
-        if published.held.is_empty() {
-            self.ack(ack, ticket, out);
-        } else {
+        if !published.held.is_empty() {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
-            self.held = Some(Box::new(Held { ack: Some(ack), ticket, sessions: published.held, since: now }));
+            self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: now }));
+        } else if let Some(ack) = ack {
+            self.ack(ack, ticket, out);
         }
         // A QoS 1 PUBLISH whose PUBACK waits counts against Receive Maximum.
         if qos == QoS::AtLeastOnce
@@ -406,14 +398,10 @@ impl<'a> Inbound<'a> {
     /// acknowledgement, for a pause to end or, while acknowledgements await the group commit,
     /// for the commit to move on (`None`: call [`Inbound::flush_synced`]). Cancel-safe.
     pub async fn next_ack(&mut self) -> Option<(Packet, Ticket)> {
-        let session = &self.broker.config.session;
-        let limits = (
-            Duration::from_secs(session.slow_consumer_timeout_secs),
-            Duration::from_millis(session.qos0_pacing_ms),
-        );
+        let timeout = Duration::from_secs(self.broker.config.session.slow_consumer_timeout_secs);
         let (held, durable, pause) = (&mut self.held, &mut self.durable, &mut self.pause);
         tokio::select! {
-            ack = release_held(held, limits) => ack,
+            ack = release_held(held, timeout) => ack,
             () = commit_moved(durable) => None,
             () = pause_ended(pause, self.broker) => None,
         }
@@ -435,18 +423,14 @@ impl<'a> Inbound<'a> {
 
 /// Waits until every subscriber queue that held the PUBLISH has drained (or its client went
 /// away), then returns its acknowledgement (None for QoS 0) and ticket. A subscriber that
-/// paces (its delivery was QoS 0) holds it for at most `pacing`; one that holds it by
-/// backpressure past `slow_consumer` is disconnected. Cancel-safe; never resolves when nothing
-/// is held.
-async fn release_held(
-    held: &mut Option<Box<Held>>,
-    (slow_consumer, pacing): (Duration, Duration),
-) -> Option<(Packet, Ticket)> {
+/// paces it holds it until its pacing ends at the latest; one that holds it by backpressure
+/// past `slow_consumer` is disconnected. Cancel-safe; never resolves when nothing is held.
+async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> Option<(Packet, Ticket)> {
     let Some(h) = held.as_mut() else { return std::future::pending().await };
-    while let Some(Holder { session: s, paced }) = h.sessions.last() {
-        if *paced {
-            // Pacing only: past the pacing time the subscriber is left behind.
-            let _ = tokio::time::timeout_at((h.since + pacing).into(), s.wait_for_space()).await;
+    while let Some(Holder { session: s, paced_until }) = h.sessions.last() {
+        if let Some(until) = paced_until {
+            // Pacing only: past it the subscriber is left behind.
+            let _ = tokio::time::timeout_at((*until).into(), s.wait_for_space()).await;
         } else if slow_consumer.is_zero() {
             s.wait_for_space().await;
         } else {

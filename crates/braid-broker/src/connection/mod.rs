@@ -132,8 +132,9 @@ where
 
 /// Authenticates a CONNECT (`verified_username`: a name the transport established), checks its
 /// will topic against the ACL and attaches the session (under the queue policies of
-/// `transport`'s listener), with a persistent session's deliveries read back from disk. Returns the attachment, its CONNACK and the client's authorization, or
-/// the reason to refuse with (logged here). Every transport's handshake goes through this.
+/// `transport`'s listener), with a persistent session's deliveries read back from disk.
+/// Returns the attachment, its CONNACK and the client's authorization, or the reason to refuse
+/// with (logged here). Every transport's handshake goes through this.
 pub(crate) async fn admit(
     broker: &Arc<Broker>,
     connect: &Connect,

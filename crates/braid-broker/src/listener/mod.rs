@@ -165,7 +165,7 @@ async fn serve(
     let broker = &broker;
     if kind == Transport::Ws {
         if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, &broker.config)).await {
-            serve_stream(broker, ws, (peer, kind), None).await;
+            serve_stream(broker, ws, peer, kind, None).await;
         }
         return;
     }
@@ -180,10 +180,10 @@ async fn serve(
     }
     if kind == Transport::Wss {
         if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, &broker.config)).await {
-            serve_stream(broker, ws, (peer, kind), username).await;
+            serve_stream(broker, ws, peer, kind, username).await;
         }
     } else {
-        serve_stream(broker, stream, (peer, kind), username).await;
+        serve_stream(broker, stream, peer, kind, username).await;
     }
 }
 
@@ -192,7 +192,8 @@ async fn serve(
 async fn serve_stream<S>(
     broker: &Arc<Broker>,
     stream: S,
-    (peer, kind): (SocketAddr, Transport),
+    peer: SocketAddr,
+    kind: Transport,
     username: Option<ByteString>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,

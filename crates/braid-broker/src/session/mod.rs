@@ -57,7 +57,13 @@ impl Session {
         let mut st = self.state.lock();
         let r = st.enqueue(d);
         if let Some(link) = &st.link {
-            if matches!(r, Enqueued::Queued | Enqueued::QueuedOverLimit | Enqueued::QueuedDroppedOldest(_)) {
+            if matches!(
+                r,
+                Enqueued::Queued
+                    | Enqueued::QueuedOverLimit
+                    | Enqueued::Paced(_)
+                    | Enqueued::QueuedDroppedOldest(_)
+            ) {
                 link.ctl.wake();
             }
         }

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use braid_proto::QoS;
 
@@ -53,6 +53,9 @@ pub enum Enqueued {
     Queued,
     /// Queued beyond the limit: the publisher must wait until the queue drains (backpressure).
     QueuedOverLimit,
+    /// Queued (QoS 0) for a connected client that is behind: the publisher is paced, waiting
+    /// until the queue drains but no later than this.
+    Paced(Instant),
     /// Queued, and the oldest queued delivery was dropped to make room (the sequence number of
     /// the dropped delivery if it was persisted, else 0).
     QueuedDroppedOldest(u64),

@@ -233,30 +233,32 @@ impl SessionState {
         if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
             self.dropped += 1;
         }
-        // Held beyond the delivery window; a QoS 0 delivery also once the queue is full, since
-        // the next one would be dropped.
-        let holds = r == Enqueued::Queued
-            && match qos {
-                QoS::AtMostOnce => self.blocks_publishers_now() && self.paces_qos0(),
-                _ => self.queue.limits().overflow == OverflowPolicy::Backpressure && self.over_backlog(),
-            };
-        if holds {
+        if r != Enqueued::Queued {
+            return r;
+        }
+        if qos == QoS::AtMostOnce {
+            // Paced beyond the delivery window, and once the queue is full: the next QoS 0
+            // delivery would be dropped.
+            if let Some(until) = self.blocks_publishers_now().then(|| self.paced_until()).flatten() {
+                return Enqueued::Paced(until);
+            }
+        } else if self.queue.limits().overflow == OverflowPolicy::Backpressure && self.over_backlog() {
             return Enqueued::QueuedOverLimit;
         }
         r
     }
 
-    /// True if a QoS 0 delivery to this client, which is behind, may hold its publisher:
-    /// pacing is on and the client has been behind for less than the pacing time (counted from
-    /// the first delivery it was behind for, until its queue empties).
-    fn paces_qos0(&mut self) -> bool {
+    /// Until when a QoS 0 delivery to this client, which is behind, may pace its publisher: the
+    /// pacing time counted from the first delivery it was behind for (until its queue empties);
+    /// None once that has passed, or with pacing off.
+    fn paced_until(&mut self) -> Option<Instant> {
         let pacing = self.queue.limits().qos0_pacing;
         if pacing.is_zero() {
-            return false;
+            return None;
         }
         let now = Instant::now();
-        let since = *self.behind_since.get_or_insert(now);
-        now.duration_since(since) < pacing
+        let until = *self.behind_since.get_or_insert(now) + pacing;
+        (now < until).then_some(until)
     }
 
     /// True while the attached client's queue holds more than its delivery window: the
@@ -705,7 +707,7 @@ mod tests {
     #[test]
     fn qos0_paces_publishers_for_the_pacing_time_then_until_the_queue_empties() {
         let mut st = paced(20);
-        assert_eq!(qos0_beyond_the_window(&mut st), Enqueued::QueuedOverLimit, "behind: paced");
+        assert!(matches!(qos0_beyond_the_window(&mut st), Enqueued::Paced(_)), "behind: paced");
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(
             st.enqueue(delivery("t", QoS::AtMostOnce)),
@@ -714,7 +716,7 @@ mod tests {
         );
         transmit(&mut st, Instant::now());
         assert!(st.queue.is_empty());
-        assert_eq!(qos0_beyond_the_window(&mut st), Enqueued::QueuedOverLimit, "caught up: paced again");
+        assert!(matches!(qos0_beyond_the_window(&mut st), Enqueued::Paced(_)), "caught up: paced again");
     }
 
     #[test]
@@ -733,7 +735,7 @@ mod tests {
             assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
         }
         assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::QueuedOverLimit);
-        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::QueuedOverLimit, "QoS 0 is paced");
+        assert!(matches!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::Paced(_)), "QoS 0 is paced");
         for _ in 0..3 {
             assert!(st.blocks_publishers());
         }
