@@ -25,6 +25,18 @@ struct Conn {
     closed: bool,
 }
 
+impl Conn {
+    /// The SEND of the replies waiting, if there are any and no SEND is in flight.
+    fn send_replies(&mut self, token: u32) -> Option<squeue::Entry> {
+        if !self.sending.is_empty() || self.client.out.is_empty() {
+            return None;
+        }
+        std::mem::swap(&mut self.client.out, &mut self.sending);
+        self.sent = 0;
+        Some(send(SEND, token, self.fd, &self.sending))
+    }
+}
+
 /// Operation and connection token in one user_data word (tokens are never reused, so a late
 /// completion cannot reach another connection).
 fn tag(op: u64, token: u32) -> u64 {
@@ -84,11 +96,7 @@ pub fn run(listener: TcpListener) -> io::Result<()> {
                         }
                         r => r == 0 || (r != -libc::EAGAIN && r != -libc::EINTR),
                     };
-                    if c.sending.is_empty() && !c.client.out.is_empty() {
-                        std::mem::swap(&mut c.client.out, &mut c.sending);
-                        c.sent = 0;
-                        todo.push(send(SEND, token, c.fd, &c.sending));
-                    }
+                    todo.extend(c.send_replies(token));
                     if !close {
                         todo.push(recv(token, c));
                         continue;
@@ -110,10 +118,8 @@ pub fn run(listener: TcpListener) -> io::Result<()> {
                     c.sending.clear();
                     if c.closed {
                         conns.remove(&token);
-                    } else if !c.client.out.is_empty() {
-                        std::mem::swap(&mut c.client.out, &mut c.sending);
-                        c.sent = 0;
-                        todo.push(send(SEND, token, c.fd, &c.sending));
+                    } else {
+                        todo.extend(c.send_replies(token));
                     }
                 }
                 FORWARD => {

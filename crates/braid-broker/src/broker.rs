@@ -133,9 +133,10 @@ impl Broker {
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
         let listener_limits = Transport::ALL.map(|t| {
             let policy = config.session.listeners.get(t);
-            match policy == &QueuePolicy::default() {
-                true => queue_limits.clone(),
-                false => Arc::new(QueueLimits::with_policy(&config.session, policy)),
+            if policy == &QueuePolicy::default() {
+                queue_limits.clone()
+            } else {
+                Arc::new(QueueLimits::with_policy(&config.session, policy))
             }
         });
         Arc::new(Broker {
