@@ -3,7 +3,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -102,7 +102,7 @@ impl Server {
         info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
         self.broker.security.log_startup();
         tokio::spawn(sys::run(self.broker.clone()));
-        tokio::spawn(sweep_connections(self.broker.clone()));
+        tokio::spawn(drive_timers(self.broker.clone()));
         tokio::spawn(watch_files(self.broker.clone()));
         let broker = self.broker.clone();
         tokio::spawn(async move { broker.memory.watch(broker.shutdown.clone()).await });
@@ -148,10 +148,6 @@ impl Server {
     }
 }
 
-/// How often silent connections are looked for: a client is closed between 1.5 times its keep
-/// alive and that plus this (and an idle one parked within this of `park_after_secs`).
-const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
-
 /// Reloads the password and ACL files when they change (`auth.reload_interval_secs`).
 async fn watch_files(broker: Arc<Broker>) {
     let secs = broker.config.auth.reload_interval_secs;
@@ -167,12 +163,20 @@ async fn watch_files(broker: Arc<Broker>) {
     }
 }
 
-async fn sweep_connections(broker: Arc<Broker>) {
-    let mut tick = tokio::time::interval(KEEP_ALIVE_SWEEP);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Runs the broker's timers (will delays, session expiries, the connection sweep) when they
+/// are due: one task for all of them, which the core tells when an earlier one is set.
+async fn drive_timers(broker: Arc<Broker>) {
     loop {
+        broker.handle_timeout(Instant::now());
+        let due = async {
+            match broker.poll_timeout() {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = tick.tick() => broker.sweep_connections(),
+            () = due => {}
+            () = broker.timers_changed.notified() => {}
             _ = broker.shutdown.cancelled() => return,
         }
     }

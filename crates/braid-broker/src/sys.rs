@@ -2,7 +2,7 @@
 //! Mosquitto's where one exists.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use braid_proto::{ByteString, Bytes};
 
@@ -27,11 +27,12 @@ pub async fn run(broker: Arc<Broker>) {
 }
 
 fn publish(broker: &Broker, topic: &'static str, value: String) {
-    let _ = broker.publish(Message::internal(ByteString::from_static(topic), Bytes::from(value), true));
+    let msg = Message::internal(ByteString::from_static(topic), Bytes::from(value), true);
+    let _ = broker.publish(msg, Instant::now());
 }
 
 fn publish_all(broker: &Broker) {
-    broker.purge_expired_retained();
+    broker.purge_expired_retained(Instant::now());
     let m = &broker.metrics;
     let (sessions, subscriptions, retained) = broker.counts();
     let connected = Metrics::get(&m.clients_connected);

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid_proto::{
-    encode, Ack, ByteString, BytesMut, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode,
+    decode, encode, Ack, ByteString, BytesMut, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReadBuffer,
+    ReasonCode,
 };
 
 use super::receive_window::WindowShare;
@@ -33,7 +34,7 @@ pub enum Flow {
 
 /// Per-connection inbound state.
 pub struct Inbound<'a> {
-    broker: &'a Arc<Broker>,
+    broker: &'a Broker,
     session: &'a Arc<Session>,
     version: ProtocolVersion,
     /// Topic aliases the client defined on this connection.
@@ -77,16 +78,17 @@ struct Durable {
 }
 
 impl<'a> Inbound<'a> {
-    /// State for a connection that has just been accepted (or resumed with the topic aliases
-    /// its client defined), with its topic authorization.
+    /// State for a connection that has just been accepted at `now` (or resumed with the topic
+    /// aliases its client defined), with its topic authorization.
     pub fn new(
-        broker: &'a Arc<Broker>,
+        broker: &'a Broker,
         session: &'a Arc<Session>,
         version: ProtocolVersion,
         aliases: HashMap<u16, ByteString>,
         acl: ConnectionAcl<'a>,
+        now: Instant,
     ) -> Self {
-        let limiter = PublishLimiter::new(&broker.config.limits, Instant::now());
+        let limiter = PublishLimiter::new(&broker.config.limits, now);
         Inbound {
             broker,
             session,
@@ -120,16 +122,17 @@ impl<'a> Inbound<'a> {
     /// State for a QUIC data stream `stream`: its packet ids (and so its unreleased QoS 2 ids)
     /// and its topic aliases are its own, and its subscriptions deliver on it.
     pub fn for_stream(
-        broker: &'a Arc<Broker>,
+        broker: &'a Broker,
         session: &'a Arc<Session>,
         version: ProtocolVersion,
         stream: StreamTag,
         acl: ConnectionAcl<'a>,
+        now: Instant,
     ) -> Self {
         Inbound {
             stream,
             stream_qos2: Some(Qos2Ids::default()),
-            ..Inbound::new(broker, session, version, HashMap::new(), acl)
+            ..Inbound::new(broker, session, version, HashMap::new(), acl, now)
         }
     }
 
@@ -170,12 +173,44 @@ impl<'a> Inbound<'a> {
         std::mem::take(&mut self.transmit)
     }
 
-    /// Handles one packet; replies are encoded into `out`.
-    pub fn handle(&mut self, p: Packet, out: &mut BytesMut) -> Flow {
+    /// Decodes and handles the complete packets in `rbuf`, which arrived by `now`, until it
+    /// holds no complete packet, the connection is held (see [`Inbound::is_held`]) or a packet
+    /// ends it; replies are encoded into `out`. `check` sees each packet first and may refuse
+    /// it (a transport's own rules, e.g. packets a QUIC data stream may not carry). Every
+    /// transport reads through this loop.
+    pub fn handle_buffered(
+        &mut self,
+        rbuf: &mut ReadBuffer,
+        now: Instant,
+        out: &mut BytesMut,
+        mut check: impl FnMut(&Packet) -> Option<Flow>,
+    ) -> Flow {
+        let max = self.broker.config.mqtt.max_packet_size;
+        loop {
+            if self.is_held() {
+                return Flow::Continue;
+            }
+            let p = match decode(rbuf.bytes(), self.version, max) {
+                Ok(Some(p)) => p,
+                Ok(None) => return Flow::Continue,
+                Err(e) => return Flow::Close(e.reason_code(), e.to_string().into()),
+            };
+            if let Some(refused) = check(&p) {
+                return refused;
+            }
+            match self.handle(p, now, out) {
+                Flow::Continue => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// Handles one packet, arrived by `now`; replies are encoded into `out`.
+    pub fn handle(&mut self, p: Packet, now: Instant, out: &mut BytesMut) -> Flow {
         let reply = match p {
-            Packet::Publish(p) => return self.publish(p, out),
+            Packet::Publish(p) => return self.publish(p, now, out),
             Packet::PubAck(a) => {
-                self.transmit |= self.session.lock().on_puback(a.packet_id, Instant::now());
+                self.transmit |= self.session.lock().on_puback(a.packet_id, now);
                 None
             }
             Packet::PubRec(a) => {
@@ -183,7 +218,7 @@ impl<'a> Inbound<'a> {
                 // PUBREL only once its stage is on disk: a restart must not resend the PUBLISH.
                 let (rel, ticket) = {
                     let mut st = self.session.lock();
-                    (st.on_pubrec(&a, Instant::now()), st.ticket())
+                    (st.on_pubrec(&a, now), st.ticket())
                 };
                 if let Some(rel) = rel {
                     self.ack(Packet::PubRel(rel), ticket, out);
@@ -220,10 +255,11 @@ impl<'a> Inbound<'a> {
                     s,
                     &mut self.acl,
                     self.stream,
+                    now,
                 )))
             }
             Packet::Unsubscribe(u) => {
-                Some(Packet::UnsubAck(self.broker.unsubscribe(self.session, self.version, u)))
+                Some(Packet::UnsubAck(self.broker.unsubscribe(self.session, self.version, u, now)))
             }
             Packet::PingReq => Some(Packet::PingResp),
             Packet::Disconnect(d) => return self.disconnect(d),
@@ -266,7 +302,7 @@ impl<'a> Inbound<'a> {
         }
     }
 
-    fn publish(&mut self, mut p: Publish, out: &mut BytesMut) -> Flow {
+    fn publish(&mut self, mut p: Publish, now: Instant, out: &mut BytesMut) -> Flow {
         let cfg = &self.broker.config.mqtt;
         if let Some(alias) = p.properties.topic_alias {
             if alias == 0 || alias > cfg.topic_alias_maximum {
@@ -293,8 +329,6 @@ impl<'a> Inbound<'a> {
             return close(ReasonCode::TopicNameInvalid, why);
         }
         Metrics::add(&self.broker.metrics.messages_received, 1);
-        // One clock read per PUBLISH: its rate, its expiry and any hold are measured from it.
-        let now = Instant::now();
         // Every PUBLISH, allowed or not, counts towards the rate; the pause starts after it.
         if let Some(until) = self.limiter.on_publish(p.topic.len() + p.payload.len(), now) {
             self.pause = Some(Pause::Until(until));
@@ -343,7 +377,7 @@ impl<'a> Inbound<'a> {
                 (Some(ack), ticket)
             }
         };
-        let published = self.broker.publish(msg);
+        let published = self.broker.publish(msg, now);
         ticket = ticket.max(published.ticket);
         if !published.held.is_empty() {
             Metrics::add(&self.broker.metrics.publishes_held, 1);

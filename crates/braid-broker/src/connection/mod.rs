@@ -160,9 +160,10 @@ pub(crate) async fn admit(
     }
     // A connection that holds this client's session first handles what it was already sent.
     crate::handover::wait(broker, client_id).await;
-    let (accepted, connack, restore) = broker.connect(connect, transport).inspect_err(|reason| {
-        info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
-    })?;
+    let (accepted, connack, restore) =
+        broker.connect(connect, transport, Instant::now()).inspect_err(|reason| {
+            info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
+        })?;
     if let Some(restore) = restore {
         // A persistent session's deliveries waiting on disk come back before anything is sent.
         match restore.await {
@@ -356,28 +357,16 @@ impl<'a> Connection<'a> {
         W: AsyncWrite + Unpin,
     {
         let (broker, a) = (self.broker, self.a);
-        let mut inbound = Inbound::new(broker, &a.session, self.version, aliases, acl);
-        let max = broker.config.mqtt.max_packet_size;
+        // The clock is read once per turn of the loop: packets handled in a turn arrived by then.
+        let mut now = Instant::now();
+        let mut inbound = Inbound::new(broker, &a.session, self.version, aliases, acl, now);
         // Deliveries may be waiting already (a resumed session): look before the first wait.
         let mut transmit = true;
         let mut was_held = false;
         // A takeover waits until what the client had sent is handled.
         let mut handing_over = false;
         loop {
-            let flow = loop {
-                if inbound.is_held() {
-                    break Flow::Continue;
-                }
-                match decode(rbuf.bytes(), self.version, max) {
-                    Ok(Some(p)) => match inbound.handle(p, &mut self.out) {
-                        Flow::Continue => continue,
-                        other => break other,
-                    },
-                    Ok(None) => break Flow::Continue,
-                    Err(e) => break Flow::Close(e.reason_code(), e.to_string().into()),
-                }
-            };
-            match flow {
+            match inbound.handle_buffered(&mut rbuf, now, &mut self.out, |_| None) {
                 Flow::Continue => {}
                 Flow::End(ending) => {
                     a.ctl.close(ReasonCode::Success);
@@ -391,7 +380,7 @@ impl<'a> Connection<'a> {
             }
             transmit |= inbound.take_transmit();
             if transmit && self.out.len() < WRITE_BUDGET {
-                transmit = self.poll_transmit();
+                transmit = self.poll_transmit(now);
             }
             // While an acknowledgement is held by full subscriber queues, nothing more is read
             // from this client (backpressure), and its silence is not a keep-alive failure.
@@ -400,7 +389,7 @@ impl<'a> Connection<'a> {
             // link keeps its client alive.
             let held = inbound.is_held();
             if held != was_held {
-                a.ctl.set_held(held, broker.now_ms());
+                a.ctl.set_held(held, broker.clock_ms(now));
                 was_held = held;
             }
             // Most connections are idle most of the time: they wait on a small future. The full
@@ -424,6 +413,7 @@ impl<'a> Connection<'a> {
                 Box::pin(wait_busy(&a.ctl, wr, &self.out[self.written..], held, &mut inbound, &mut rbuf, rd))
                     .await
             };
+            now = Instant::now();
             match event {
                 Event::Woken if a.ctl.is_closed() => {
                     let reason = a.ctl.reason();
@@ -439,7 +429,7 @@ impl<'a> Connection<'a> {
                     handing_over |= a.ctl.handover_asked();
                 }
                 Event::Wrote(Ok(n)) if n > 0 => {
-                    a.ctl.wrote(broker.now_ms());
+                    a.ctl.wrote(broker.clock_ms(now));
                     Metrics::add(&broker.metrics.bytes_sent, n as u64);
                     self.written += n;
                     if self.written == self.out.len() {
@@ -453,7 +443,7 @@ impl<'a> Connection<'a> {
                 Event::Released((ack, ticket)) => inbound.ack(ack, ticket, &mut self.out),
                 Event::Synced => inbound.flush_synced(&mut self.out),
                 Event::Read(Ok(n)) if n > 0 => {
-                    a.ctl.touch(broker.now_ms());
+                    a.ctl.touch(broker.clock_ms(now));
                     Metrics::add(&broker.metrics.bytes_received, n as u64);
                 }
                 Event::Wrote(_) | Event::Read(_) => {
@@ -464,11 +454,11 @@ impl<'a> Connection<'a> {
         }
     }
 
-    /// Encodes what the session has ready; true if more is ready than fitted.
-    fn poll_transmit(&mut self) -> bool {
+    /// Encodes what the session has ready at `now`; true if more is ready than fitted.
+    fn poll_transmit(&mut self, now: Instant) -> bool {
         let out = &mut self.out;
         transmit(self.broker, &self.a.session, self.a.generation, |st| {
-            st.poll_transmit(Instant::now(), out, WRITE_BUDGET)
+            st.poll_transmit(now, out, WRITE_BUDGET)
         })
     }
 
@@ -477,7 +467,7 @@ impl<'a> Connection<'a> {
         // Boxed like the connect phase: only the closing moment needs its timer.
         Box::pin(self.close(wr)).await;
         debug!(peer = %self.peer, client_id = %self.a.session.client_id, ?ending, "client disconnected");
-        self.broker.disconnected(&self.a.session, self.a.generation, ending);
+        self.broker.disconnected(&self.a.session, self.a.generation, ending, Instant::now());
     }
 
     /// Sends the closing DISCONNECT (v5, when the broker closes with an error reason) after

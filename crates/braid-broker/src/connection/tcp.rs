@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use rustix::net::RecvFlags;
 use tokio::net::tcp::ReadHalf;
@@ -44,7 +45,7 @@ pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
         Ok(s) => s,
         Err(e) => {
             warn!(client_id = %accepted.session.client_id, "closing connection: cannot resume it after parking: {e}");
-            broker.disconnected(&accepted.session, accepted.generation, Ending::WithWill);
+            broker.disconnected(&accepted.session, accepted.generation, Ending::WithWill, Instant::now());
             return;
         }
     };
@@ -84,7 +85,7 @@ async fn drive(
             };
             if let Err((accepted, e)) = parked {
                 warn!(%peer, client_id = %accepted.session.client_id, "closing connection: cannot park it: {e}");
-                broker.disconnected(&accepted.session, accepted.generation, Ending::WithWill);
+                broker.disconnected(&accepted.session, accepted.generation, Ending::WithWill, Instant::now());
             }
             return;
         }

@@ -99,7 +99,7 @@ pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming, pacer:
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
     let ending = Streams::run(&broker, &accepted, version, &conn, control, early, out, acl).await;
     debug!(%peer, %client_id, ?ending, "QUIC client disconnected");
-    broker.disconnected(&accepted.session, accepted.generation, ending);
+    broker.disconnected(&accepted.session, accepted.generation, ending, Instant::now());
 }
 
 /// The control stream and what was read from it: the CONNECT, and any bytes after it.

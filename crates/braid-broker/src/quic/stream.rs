@@ -6,13 +6,13 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tracing::info;
 
-use braid_proto::{decode, Bytes, BytesMut, Packet, Properties, ProtocolVersion, ReadBuffer, ReasonCode};
+use braid_proto::{Bytes, BytesMut, Packet, Properties, ProtocolVersion, ReadBuffer, ReasonCode};
 
 use crate::auth::AclSeed;
 use crate::broker::{Broker, Ending};
@@ -192,41 +192,29 @@ pub(crate) async fn read(
 ) -> (u64, StreamEnd) {
     let (broker, version) = (&cx.broker, cx.version);
     let acl = broker.security.resume_acl(cx.acl.clone(), &cx.session.client_id);
+    let mut now = Instant::now();
     let inbound = if control {
-        Inbound::new(broker, &cx.session, version, HashMap::new(), acl)
+        Inbound::new(broker, &cx.session, version, HashMap::new(), acl, now)
     } else {
         let tag = StreamTag { generation: cx.generation, stream: index };
-        Inbound::for_stream(broker, &cx.session, version, tag, acl)
+        Inbound::for_stream(broker, &cx.session, version, tag, acl, now)
     };
     let mut inbound = inbound.counting_in(cx.window.clone());
-    let max = broker.config.mqtt.max_packet_size;
     let mut replies = BytesMut::new();
     let mut was_held = false;
     let end = loop {
-        let flow = loop {
-            if inbound.is_held() {
-                break Flow::Continue;
+        let flow = inbound.handle_buffered(&mut rbuf, now, &mut replies, |p| {
+            if !control && matches!(p, Packet::Connect(_) | Packet::Disconnect(_) | Packet::Auth(_)) {
+                let detail = format!("{} is only allowed on the control stream", p.name());
+                return Some(Flow::Close(ReasonCode::ProtocolError, detail.into()));
             }
-            match decode(rbuf.bytes(), version, max) {
-                Ok(Some(p)) => {
-                    if !control && matches!(p, Packet::Connect(_) | Packet::Disconnect(_) | Packet::Auth(_)) {
-                        let detail = format!("{} is only allowed on the control stream", p.name());
-                        break Flow::Close(ReasonCode::ProtocolError, detail.into());
-                    }
-                    if let Packet::Subscribe(s) = &p {
-                        if let Some(priority) = stream_priority(&s.properties) {
-                            out.set_priority(priority);
-                        }
-                    }
-                    match inbound.handle(p, &mut replies) {
-                        Flow::Continue => continue,
-                        other => break other,
-                    }
+            if let Packet::Subscribe(s) = p {
+                if let Some(priority) = stream_priority(&s.properties) {
+                    out.set_priority(priority);
                 }
-                Ok(None) => break Flow::Continue,
-                Err(e) => break Flow::Close(e.reason_code(), e.to_string().into()),
             }
-        };
+            None
+        });
         out.push(replies.split().freeze());
         if inbound.take_transmit() {
             cx.ctl.wake();
@@ -244,7 +232,7 @@ pub(crate) async fn read(
             } else {
                 cx.held.fetch_sub(1, Ordering::AcqRel) - 1
             };
-            cx.ctl.set_held(now_held > 0, broker.now_ms());
+            cx.ctl.set_held(now_held > 0, broker.clock_ms(now));
             was_held = held;
         }
         let ack = tokio::select! {
@@ -256,20 +244,21 @@ pub(crate) async fn read(
             read = rbuf.read_from(&mut recv), if !held => match read {
                 Ok(n) if n > 0 => {
                     // Any progress on any stream is liveness, even inside a packet.
-                    cx.ctl.touch(broker.now_ms());
+                    cx.ctl.touch(broker.clock_ms(Instant::now()));
                     Metrics::add(&broker.metrics.bytes_received, n as u64);
                     None
                 }
                 _ => break StreamEnd::Closed,
             },
         };
+        now = Instant::now();
         if let Some((ack, ticket)) = ack {
             inbound.ack(ack, ticket, &mut replies);
         }
     };
     if was_held {
         let now_held = cx.held.fetch_sub(1, Ordering::AcqRel) - 1;
-        cx.ctl.set_held(now_held > 0, broker.now_ms());
+        cx.ctl.set_held(now_held > 0, broker.clock_ms(Instant::now()));
     }
     // (An error that ends the connection is the connection task's to report.)
     let stream_only = !control && matches!(&end, StreamEnd::Failed(r, _) if !ends_connection(*r));

@@ -51,11 +51,11 @@ impl Session {
         self.state.lock()
     }
 
-    /// Offers a delivery and wakes the attached connection, if any. Returns what became of
-    /// it and the ticket of the session's latest store change (see [`crate::store`]).
-    pub fn deliver(&self, d: Delivery) -> (Enqueued, crate::store::Ticket) {
+    /// Offers a delivery at `now` and wakes the attached connection, if any. Returns what
+    /// became of it and the ticket of the session's latest store change (see [`crate::store`]).
+    pub fn deliver(&self, d: Delivery, now: std::time::Instant) -> (Enqueued, crate::store::Ticket) {
         let mut st = self.state.lock();
-        let r = st.enqueue(d);
+        let r = st.enqueue(d, now);
         if let Some(link) = &st.link {
             if matches!(
                 r,

@@ -221,8 +221,8 @@ impl SessionState {
         }
     }
 
-    /// Offers a delivery to the session (and to the store, for a persistent session).
-    pub fn enqueue(&mut self, d: Delivery) -> Enqueued {
+    /// Offers a delivery to the session (and to the store, for a persistent session) at `now`.
+    pub fn enqueue(&mut self, d: Delivery, now: Instant) -> Enqueued {
         let (online, qos) = (self.is_online(), d.qos);
         let r = match self.persist.as_deref_mut() {
             Some(p) if d.qos != QoS::AtMostOnce || self.queue.limits().queue_qos0 => {
@@ -239,7 +239,7 @@ impl SessionState {
         if qos == QoS::AtMostOnce {
             // Paced beyond the delivery window, and once the queue is full: the next QoS 0
             // delivery would be dropped.
-            if let Some(until) = self.blocks_publishers_now().then(|| self.paced_until()).flatten() {
+            if let Some(until) = self.blocks_publishers_now().then(|| self.paced_until(now)).flatten() {
                 return Enqueued::Paced(until);
             }
         } else if self.queue.limits().overflow == OverflowPolicy::Backpressure && self.over_backlog() {
@@ -250,13 +250,12 @@ impl SessionState {
 
     /// Until when a QoS 0 delivery to this client, which is behind, may pace its publisher: the
     /// pacing time counted from the first delivery it was behind for (until its queue empties);
-    /// None once that has passed, or with pacing off.
-    fn paced_until(&mut self) -> Option<Instant> {
+    /// None once that has passed at `now`, or with pacing off.
+    fn paced_until(&mut self, now: Instant) -> Option<Instant> {
         let pacing = self.queue.limits().qos0_pacing;
         if pacing.is_zero() {
             return None;
         }
-        let now = Instant::now();
         let until = *self.behind_since.get_or_insert(now) + pacing;
         (now < until).then_some(until)
     }
@@ -272,9 +271,10 @@ impl SessionState {
         self.persist.as_ref().map_or(0, |p| p.ticket)
     }
 
-    /// Writes the session's metadata to the store (persistent sessions only).
-    pub fn save(&mut self) {
-        let offline_since = (!self.is_online()).then(store::unix_now);
+    /// Writes the session's metadata to the store (persistent sessions only); `unix_now` is
+    /// the time in seconds since the Unix epoch, kept as when an offline session went offline.
+    pub fn save(&mut self, unix_now: u64) {
+        let offline_since = (!self.is_online()).then_some(unix_now);
         let Some(p) = self.persist.as_deref_mut() else { return };
         p.save(SessionRecord {
             id: 0,
@@ -633,7 +633,7 @@ mod tests {
         let mut st = SessionState::new(limits(100));
         st.attach(link(ProtocolVersion::V5, 2, 0));
         for _ in 0..5 {
-            st.enqueue(delivery("t", QoS::AtLeastOnce));
+            st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now());
         }
         let sent = transmit(&mut st, Instant::now());
         let ids: Vec<u16> = publishes(&sent).iter().map(|p| p.packet_id).collect();
@@ -649,7 +649,7 @@ mod tests {
         let mut st = SessionState::new(limits(100));
         st.attach(link(ProtocolVersion::V3_1_1, 1, 0));
         for _ in 0..3 {
-            st.enqueue(delivery("t", QoS::AtMostOnce));
+            st.enqueue(delivery("t", QoS::AtMostOnce), Instant::now());
         }
         let sent = transmit(&mut st, Instant::now());
         assert!(publishes(&sent).iter().all(|p| p.packet_id == 0 && p.qos == QoS::AtMostOnce));
@@ -660,8 +660,8 @@ mod tests {
     fn resume_resends_unacked_with_dup_and_pubrel_for_released() {
         let mut st = SessionState::new(limits(100));
         let g = st.attach(link(ProtocolVersion::V3_1_1, 10, 0));
-        st.enqueue(delivery("a", QoS::AtLeastOnce));
-        st.enqueue(delivery("b", QoS::ExactlyOnce));
+        st.enqueue(delivery("a", QoS::AtLeastOnce), Instant::now());
+        st.enqueue(delivery("b", QoS::ExactlyOnce), Instant::now());
         let sent = transmit(&mut st, Instant::now());
         let first = publishes(&sent).iter().map(|p| (p.packet_id, p.dup)).collect::<Vec<_>>();
         assert_eq!(first.iter().filter(|(_, dup)| *dup).count(), 0);
@@ -679,10 +679,10 @@ mod tests {
     #[test]
     fn offline_session_queues_qos1_not_qos0_and_counts_overflow() {
         let mut st = SessionState::new(limits(2));
-        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::SkippedOffline);
-        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
-        assert_eq!(st.enqueue(delivery("t", QoS::ExactlyOnce)), Enqueued::Queued);
-        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::DroppedFull);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce), Instant::now()), Enqueued::SkippedOffline);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now()), Enqueued::Queued);
+        assert_eq!(st.enqueue(delivery("t", QoS::ExactlyOnce), Instant::now()), Enqueued::Queued);
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now()), Enqueued::DroppedFull);
         assert_eq!(st.dropped, 1);
         st.attach(link(ProtocolVersion::V5, 10, 0));
         assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 2);
@@ -699,9 +699,9 @@ mod tests {
     /// Queues 64 QoS 0 deliveries (one window), then offers one more.
     fn qos0_beyond_the_window(st: &mut SessionState) -> Enqueued {
         for _ in 0..64 {
-            assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::Queued);
+            assert_eq!(st.enqueue(delivery("t", QoS::AtMostOnce), Instant::now()), Enqueued::Queued);
         }
-        st.enqueue(delivery("t", QoS::AtMostOnce))
+        st.enqueue(delivery("t", QoS::AtMostOnce), Instant::now())
     }
 
     #[test]
@@ -710,7 +710,7 @@ mod tests {
         assert!(matches!(qos0_beyond_the_window(&mut st), Enqueued::Paced(_)), "behind: paced");
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(
-            st.enqueue(delivery("t", QoS::AtMostOnce)),
+            st.enqueue(delivery("t", QoS::AtMostOnce), Instant::now()),
             Enqueued::Queued,
             "behind too long: left behind"
         );
@@ -732,10 +732,13 @@ mod tests {
         st.attach(link(ProtocolVersion::V5, 1000, 0));
         // A new connection's window is 64: the 65th queued delivery is one too many.
         for _ in 0..64 {
-            assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::Queued);
+            assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now()), Enqueued::Queued);
         }
-        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce)), Enqueued::QueuedOverLimit);
-        assert!(matches!(st.enqueue(delivery("t", QoS::AtMostOnce)), Enqueued::Paced(_)), "QoS 0 is paced");
+        assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now()), Enqueued::QueuedOverLimit);
+        assert!(
+            matches!(st.enqueue(delivery("t", QoS::AtMostOnce), Instant::now()), Enqueued::Paced(_)),
+            "QoS 0 is paced"
+        );
         for _ in 0..3 {
             assert!(st.blocks_publishers());
         }
@@ -749,7 +752,7 @@ mod tests {
         // More waiting than room: only as many as fit go, longest waiting first; all of them
         // once the queue is empty.
         for _ in 0..100 {
-            st.enqueue(delivery("t", QoS::AtLeastOnce));
+            st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now());
         }
         for _ in 0..100 {
             assert!(st.blocks_publishers());
@@ -783,14 +786,17 @@ mod tests {
         props.message_expiry_interval = Some(1);
         let dead = Message::from_publish(make(props), now, 1, ByteString::new());
         for msg in [dead, live] {
-            st.enqueue(Delivery {
-                msg,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                sub_id: None,
-                seq: 0,
-                stream: Default::default(),
-            });
+            st.enqueue(
+                Delivery {
+                    msg,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    sub_id: None,
+                    seq: 0,
+                    stream: Default::default(),
+                },
+                Instant::now(),
+            );
         }
         let later = now + std::time::Duration::from_secs(4);
         let sent = transmit(&mut st, later);
@@ -808,8 +814,8 @@ mod tests {
         st.attach(l);
         let mut big = delivery("t", QoS::AtLeastOnce);
         big.msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0u8; 100]), false);
-        st.enqueue(big);
-        st.enqueue(delivery("t", QoS::AtLeastOnce));
+        st.enqueue(big, Instant::now());
+        st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now());
         let sent = transmit(&mut st, Instant::now());
         assert_eq!(publishes(&sent).len(), 1);
         assert_eq!(st.dropped, 1);
@@ -820,8 +826,8 @@ mod tests {
     fn server_topic_alias_defined_then_reused() {
         let mut st = SessionState::new(limits(10));
         st.attach(link(ProtocolVersion::V5, 10, 5));
-        st.enqueue(delivery("sensors/1", QoS::AtMostOnce));
-        st.enqueue(delivery("sensors/1", QoS::AtMostOnce));
+        st.enqueue(delivery("sensors/1", QoS::AtMostOnce), Instant::now());
+        st.enqueue(delivery("sensors/1", QoS::AtMostOnce), Instant::now());
         let sent = transmit(&mut st, Instant::now());
         let p = publishes(&sent);
         assert_eq!((&*p[0].topic, p[0].properties.topic_alias), ("sensors/1", Some(1)));
@@ -832,7 +838,7 @@ mod tests {
     fn v3_links_carry_no_properties() {
         let mut st = SessionState::new(limits(10));
         st.attach(link(ProtocolVersion::V3_1_1, 10, 5));
-        st.enqueue(delivery("t", QoS::AtMostOnce));
+        st.enqueue(delivery("t", QoS::AtMostOnce), Instant::now());
         let sent = transmit(&mut st, Instant::now());
         assert!(matches!(&sent[0], Packet::Publish(p) if p.properties.is_empty() && &*p.topic == "t"));
     }

@@ -1,0 +1,254 @@
+//! The broker core: the session registry, the router and the retained store, and the
+//! operations connections call. It is sans-IO: it reads no clock (time comes in as `now`) and
+//! spawns nothing; its timers (will delays, session expiry, the connection sweep) wait in one
+//! heap that the runtime drives through [`Broker::poll_timeout`] and [`Broker::handle_timeout`].
+//!
+//! - [`registry`]: CONNECT and takeover.
+//! - [`pubsub`]: SUBSCRIBE, UNSUBSCRIBE, PUBLISH.
+//! - [`lifecycle`]: disconnects, wills, session expiry, the timers.
+//! - [`recovery`]: what the store kept, reloaded at start.
+//!
+//! Lock order: the sessions map, then a session; the router before a session. A session lock
+//! is never held while taking the sessions map or the router.
+
+mod lifecycle;
+mod pubsub;
+mod recovery;
+mod registry;
+mod timers;
+
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use braid_proto::topic::{parse_shared, valid_topic_filter};
+use braid_proto::ConnAck;
+
+use crate::auth::Security;
+use crate::config::{Config, QueuePolicy, Transport};
+use crate::control::ConnControl;
+use crate::limits::MemoryAlarm;
+use crate::metrics::Metrics;
+use crate::park::ParkingLot;
+use crate::retained::Retained;
+use crate::router::Router;
+use crate::session::{QueueLimits, Restore, Session};
+use crate::store::{self, Store, StoreError, Ticket};
+
+use timers::{Timer, Timers};
+
+/// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
+/// and that plus this (and an idle one parked within this of `park_after_secs`).
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Everything the connections share.
+#[derive(Debug)]
+pub struct Broker {
+    /// Effective configuration.
+    pub config: Config,
+    /// Counters for `$SYS`.
+    pub metrics: Metrics,
+    /// When the broker started: the origin of the connections' activity clocks.
+    pub started: Instant,
+    /// Cancelled at shutdown: stops the listeners, timers and `$SYS`.
+    pub shutdown: CancellationToken,
+    /// Authentication methods and ACL rules.
+    pub security: Security,
+    /// Raised while memory is above `limits.memory_high_watermark`.
+    pub memory: MemoryAlarm,
+    sessions: Mutex<HashSet<ById>>,
+    router: RwLock<Router>,
+    retained: RwLock<Retained>,
+    next_session_id: AtomicU64,
+    /// `[session]` queue limits, for sessions recovered from the store until their client
+    /// connects.
+    queue_limits: Arc<QueueLimits>,
+    /// The queue limits of each listener's clients (`[session]` with
+    /// `[session.listeners.<transport>]`), in [`Transport::ALL`] order.
+    listener_limits: [Arc<QueueLimits>; 5],
+    /// Where persistent sessions and retained messages are kept.
+    pub store: Arc<dyn Store>,
+    /// Where idle plain-TCP connections park, once the server has started it.
+    lot: OnceLock<Arc<ParkingLot>>,
+    /// Notified when a connection answers a takeover or detaches (see [`crate::handover`]).
+    pub(crate) handovers: Notify,
+    /// Will delays, session expiries and the connection sweep.
+    timers: Mutex<Timers>,
+    /// Notified when a timer earlier than every other was set: the runtime's wait for
+    /// [`Broker::poll_timeout`] must be shortened.
+    pub timers_changed: Notify,
+    /// Seconds since the Unix epoch at `started`: converts `now` to the wall-clock times the
+    /// store keeps.
+    started_unix: u64,
+}
+
+/// A session holding a publisher back.
+#[derive(Debug)]
+pub struct Holder {
+    /// The session.
+    pub session: Arc<Session>,
+    /// Until when it paces the publisher (its delivery was QoS 0, see [`Enqueued::Paced`]);
+    /// None: it holds the publisher by backpressure, until `session.slow_consumer_timeout_secs`
+    /// evicts it.
+    pub paced_until: Option<Instant>,
+}
+
+/// What became of a published message.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// Sessions that hold the publisher back (their queue is beyond its limit or their
+    /// delivery window): it is read no further, and its acknowledgement waits, until each has
+    /// drained ([`Session::wait_for_space`]).
+    pub held: Vec<Holder>,
+    /// The store ticket the acknowledgement waits for under sync durability (0: none).
+    pub ticket: Ticket,
+}
+
+/// A CONNECT the broker accepted: the session the connection now serves.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The session.
+    pub session: Arc<Session>,
+    /// The attachment's generation (see [`crate::session::SessionState::detach`]).
+    pub generation: u64,
+    /// The connection's close signal.
+    pub ctl: Arc<ConnControl>,
+}
+
+/// What [`Broker::connect`] gives an accepted connection: its attachment, the CONNACK to send
+/// first and, for a persistent session, its deliveries being read back from disk (await them
+/// and hand them to [`crate::session::SessionState::restore`] before transmitting).
+pub type Connected = (Accepted, ConnAck, Option<Restore>);
+
+/// How a connection ended, for will and session handling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// DISCONNECT with reason 0x00: discard the will.
+    Normal,
+    /// DISCONNECT 0x04, a network error, a protocol error or a keep-alive timeout: send the will.
+    WithWill,
+    /// Taken over, or the broker is shutting down: the will was handled elsewhere.
+    Silent,
+}
+
+impl Broker {
+    /// A broker with `config` and the memory store; call [`crate::server::Server`] to put it
+    /// on the network.
+    pub fn new(config: Config) -> Arc<Broker> {
+        Broker::with_store(config, Arc::new(store::memory::MemoryStore::new()))
+    }
+
+    /// A broker with the store `config` names, its persistent sessions, subscriptions and
+    /// retained messages reloaded (their wills and expiries set as timers).
+    pub fn open(config: Config) -> Result<Arc<Broker>, StoreError> {
+        let store = store::open(&config.store)?;
+        let broker = Broker::with_store(config, store);
+        broker.recover(broker.started);
+        Ok(broker)
+    }
+
+    /// A broker on `store`. The one clock reading of the core: the start, from which `now`
+    /// arguments are measured and converted to the Unix times the store keeps.
+    pub fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
+        let started = Instant::now();
+        let strategy = config.shared.strategy;
+        let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
+        let listener_limits = Transport::ALL.map(|t| {
+            let policy = config.session.listeners.get(t);
+            if policy == &QueuePolicy::default() {
+                queue_limits.clone()
+            } else {
+                Arc::new(QueueLimits::with_policy(&config.session, policy))
+            }
+        });
+        let broker = Arc::new(Broker {
+            security: Security::new(&config),
+            memory: MemoryAlarm::new(config.limits.memory_high_watermark),
+            config,
+            metrics: Metrics::default(),
+            started,
+            started_unix: store::unix_now(),
+            shutdown: CancellationToken::new(),
+            sessions: Mutex::new(HashSet::new()),
+            router: RwLock::new(Router::new(strategy)),
+            retained: RwLock::new(Retained::default()),
+            next_session_id: AtomicU64::new(1),
+            queue_limits,
+            listener_limits,
+            lot: OnceLock::new(),
+            handovers: Notify::new(),
+            timers: Mutex::new(Timers::default()),
+            timers_changed: Notify::new(),
+            store,
+        });
+        broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
+        broker
+    }
+
+    /// Milliseconds from the start to `now`: the clock of connection activity.
+    pub fn clock_ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.started).as_millis() as u64
+    }
+
+    /// `now` in seconds since the Unix epoch, as the store keeps times.
+    fn unix_secs(&self, now: Instant) -> u64 {
+        self.started_unix + now.saturating_duration_since(self.started).as_secs()
+    }
+
+    /// Uses `lot` for idle connections (once; the server's parking lot).
+    pub fn set_parking_lot(&self, lot: &Arc<ParkingLot>) {
+        let _ = self.lot.set(lot.clone());
+    }
+
+    /// Connections parked now (see [`crate::park`]).
+    pub fn parked(&self) -> usize {
+        self.lot.get().map_or(0, |l| l.len())
+    }
+
+    /// Numbers for `$SYS`: (sessions known, subscriptions, retained messages).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.sessions.lock().len(), self.router.read().len(), self.retained.read().len())
+    }
+}
+
+/// `filter` split into the filter to match and the shared group, or None if invalid.
+fn split_filter(filter: &str) -> Option<(&str, Option<&str>)> {
+    match parse_shared(filter) {
+        Ok(Some(shared)) => Some((shared.filter, Some(shared.group))),
+        Ok(None) if valid_topic_filter(filter) => Some((filter, None)),
+        _ => None,
+    }
+}
+
+/// A session keyed by its client id: the set of these is the session table, and the key is the
+/// session's own `client_id` rather than a second copy.
+#[derive(Debug)]
+struct ById(Arc<Session>);
+
+impl PartialEq for ById {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.client_id == other.0.client_id
+    }
+}
+
+impl Eq for ById {}
+
+impl Hash for ById {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes, so that lookups by `&str` find it.
+        (*self.0.client_id).hash(state)
+    }
+}
+
+impl Borrow<str> for ById {
+    fn borrow(&self) -> &str {
+        &self.0.client_id
+    }
+}

@@ -1,0 +1,183 @@
+//! SUBSCRIBE, UNSUBSCRIBE and PUBLISH: the router and the retained store on one side, the
+//! target sessions on the other.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use braid_proto::{
+    Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
+};
+
+use super::{split_filter, Broker, Holder, Published};
+use crate::auth::ConnectionAcl;
+use crate::limits::topic_too_big;
+use crate::message::{Delivery, Message, StreamTag};
+use crate::metrics::Metrics;
+use crate::router::SubEntry;
+use crate::session::{Enqueued, Session, SubscriptionRecord};
+use crate::store::{Op, Ticket};
+
+impl Broker {
+    /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
+    /// caller writes before it transmits the session's queue. Filters the ACL or the limits
+    /// refuse get 0x87 / 0x8F / 0x97 (3.1.x: 0x80). Deliveries for these subscriptions (and
+    /// the retained messages they bring) go out on `stream` while it is open (MQTT over QUIC;
+    /// `StreamTag::default()` elsewhere). `now` is when the SUBSCRIBE arrived.
+    pub fn subscribe(
+        &self,
+        session: &Arc<Session>,
+        version: ProtocolVersion,
+        sub: Subscribe,
+        acl: &mut ConnectionAcl<'_>,
+        stream: StreamTag,
+        now: Instant,
+    ) -> SubAck {
+        let sub_id = sub.properties.subscription_identifiers.first().copied();
+        let mut reasons = Vec::with_capacity(sub.filters.len());
+        let mut retained_for = Vec::new();
+        for (filter, mut options) in sub.filters {
+            let Some((inner, group)) = split_filter(&filter) else {
+                reasons.push(ReasonCode::TopicFilterInvalid);
+                continue;
+            };
+            if let Some(refused) = self.refuse_filter(session, &filter, inner, acl) {
+                reasons.push(refused);
+                continue;
+            }
+            options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
+            let merge_overlaps = !version.is_v5();
+            let entry = SubEntry { session: session.clone(), options, sub_id, merge_overlaps, stream };
+            let is_new = self.router.write().subscribe(inner, group, entry);
+            session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
+            reasons.push(match options.qos {
+                QoS::AtMostOnce => ReasonCode::Success,
+                QoS::AtLeastOnce => ReasonCode::GrantedQoS1,
+                QoS::ExactlyOnce => ReasonCode::GrantedQoS2,
+            });
+            let wants_retained = match options.retain_handling {
+                RetainHandling::SendAtSubscribe => true,
+                RetainHandling::SendIfNew => is_new,
+                RetainHandling::DoNotSend => false,
+            };
+            if group.is_none() && wants_retained {
+                retained_for.push((filter, options.qos));
+            }
+        }
+        session.lock().save(self.unix_secs(now));
+        for (filter, qos) in retained_for {
+            let matching = self.retained.read().matching(&filter, now);
+            for msg in matching {
+                let qos = qos.min(msg.qos);
+                let d = Delivery { msg, qos, retain: true, sub_id, seq: 0, stream };
+                let _ = self.deliver(session, d, now);
+            }
+        }
+        SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
+    }
+
+    /// Why a new subscription to `filter` (inner filter `inner`) is refused, if it is.
+    fn refuse_filter(
+        &self,
+        session: &Session,
+        filter: &str,
+        inner: &str,
+        acl: &mut ConnectionAcl<'_>,
+    ) -> Option<ReasonCode> {
+        let limits = &self.config.limits;
+        if topic_too_big(limits, filter).is_some() {
+            return Some(ReasonCode::TopicFilterInvalid);
+        }
+        if !acl.may_subscribe(inner) {
+            return Some(ReasonCode::NotAuthorized);
+        }
+        let st = session.lock();
+        let full = limits.max_subscriptions > 0 && st.subscriptions.len() >= limits.max_subscriptions;
+        (full && !st.subscriptions.contains_key(filter)).then_some(ReasonCode::QuotaExceeded)
+    }
+
+    /// Handles UNSUBSCRIBE, arrived at `now`, and returns the UNSUBACK.
+    pub fn unsubscribe(
+        &self,
+        session: &Arc<Session>,
+        version: ProtocolVersion,
+        unsub: Unsubscribe,
+        now: Instant,
+    ) -> UnsubAck {
+        let mut reasons = Vec::with_capacity(unsub.filters.len());
+        for filter in unsub.filters {
+            let reason = match split_filter(&filter) {
+                None => ReasonCode::TopicFilterInvalid,
+                Some((inner, group)) => {
+                    let existed = self.router.write().unsubscribe(inner, group, session.id);
+                    session.lock().subscriptions.remove(&filter);
+                    if existed {
+                        ReasonCode::Success
+                    } else {
+                        ReasonCode::NoSubscriptionExisted
+                    }
+                }
+            };
+            reasons.push(reason);
+        }
+        session.lock().save(self.unix_secs(now));
+        if !version.is_v5() {
+            reasons.clear();
+        }
+        UnsubAck { packet_id: unsub.packet_id, properties: Properties::default(), reasons }
+    }
+
+    /// Stores (if retained) and routes a message, published at `now`, to every matching
+    /// subscription; says what the publisher's acknowledgement must wait for.
+    pub fn publish(&self, msg: Arc<Message>, now: Instant) -> Published {
+        let mut out = Published::default();
+        if msg.retain {
+            self.retained.write().set(msg.clone());
+            // `$SYS` values are the broker's own, made afresh at each start.
+            if self.store.persistent() && !(msg.origin == 0 && msg.topic.starts_with('$')) {
+                out.ticket = self.store.submit(Op::Retain(msg.clone()));
+            }
+        }
+        let router = self.router.read();
+        let mut targets = Vec::new();
+        router.route(&msg, &mut targets);
+        if targets.len() > 1 && targets.iter().any(|e| e.merge_overlaps) {
+            merge_overlaps(&mut targets);
+        }
+        for e in targets {
+            let d = Delivery {
+                msg: msg.clone(),
+                qos: msg.qos.min(e.options.qos),
+                retain: msg.retain && e.options.retain_as_published,
+                sub_id: e.sub_id,
+                seq: 0,
+                stream: e.stream,
+            };
+            let (r, ticket) = self.deliver(&e.session, d, now);
+            out.ticket = out.ticket.max(ticket);
+            let paced_until = match r {
+                Enqueued::QueuedOverLimit => None,
+                Enqueued::Paced(until) => Some(until),
+                _ => continue,
+            };
+            // A client is never held back by its own subscription.
+            if e.session.id != msg.origin {
+                out.held.push(Holder { session: e.session.clone(), paced_until });
+            }
+        }
+        out
+    }
+
+    fn deliver(&self, session: &Session, d: Delivery, now: Instant) -> (Enqueued, Ticket) {
+        let r = session.deliver(d, now);
+        if matches!(r.0, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
+            Metrics::add(&self.metrics.messages_dropped, 1);
+        }
+        r
+    }
+}
+
+/// MQTT 3.1.x: one delivery per session for overlapping subscriptions, at the highest QoS.
+fn merge_overlaps(targets: &mut Vec<&SubEntry>) {
+    targets.sort_by_key(|e| (e.session.id, std::cmp::Reverse(e.options.qos)));
+    targets.dedup_by(|later, first| first.merge_overlaps && later.session.id == first.session.id);
+}

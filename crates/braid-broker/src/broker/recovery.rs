@@ -1,0 +1,80 @@
+//! Reloading what the store kept: retained messages and offline persistent sessions.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use braid_proto::QoS;
+
+use super::lifecycle::will_delay;
+use super::{split_filter, Broker, ById};
+use crate::message::StreamTag;
+use crate::router::SubEntry;
+use crate::session::{OnDisk, Persist, Queue, Session};
+
+impl Broker {
+    /// Loads what the store kept: retained messages, sessions (offline, their deliveries on
+    /// disk) with their subscriptions; sets their wills and expiry as timers, measured from
+    /// `now`, and sends the wills already due.
+    pub(super) fn recover(&self, now: Instant) {
+        let found = self.store.take_recovered();
+        self.next_session_id.fetch_max(found.next_session_id, Ordering::Relaxed);
+        {
+            let mut retained = self.retained.write();
+            for msg in found.retained {
+                retained.set(msg);
+            }
+        }
+        let limits = &self.queue_limits;
+        let unix_now = self.unix_secs(now);
+        for r in found.sessions {
+            let rec = r.record;
+            let session = Arc::new(Session::new(rec.id, rec.client_id.clone(), limits.clone()));
+            if rec.expiry_secs == 0 {
+                // Ended with its last connection, just before the broker stopped.
+                let mut st = session.lock();
+                st.persist = Some(Box::new(Persist::new(self.store.clone(), rec.id, rec.client_id, 1)));
+                st.forget();
+                continue;
+            }
+            let offline_for = unix_now.saturating_sub(rec.offline_since.unwrap_or(unix_now));
+            let will_delay = {
+                let mut st = session.lock();
+                st.expiry_secs = rec.expiry_secs;
+                st.will = rec.will.map(Box::new);
+                st.incoming_qos2 = r.incoming_qos2.into_iter().collect();
+                let mut p = Persist::new(self.store.clone(), rec.id, rec.client_id.clone(), r.next_seq);
+                let items =
+                    r.queued.into_iter().map(|(seq, size)| OnDisk { seq, size, qos: QoS::AtLeastOnce });
+                let mut disk = Queue::new(limits.clone());
+                for item in items {
+                    disk.push_back(item);
+                }
+                p.offline = Some(disk);
+                st.persist = Some(Box::new(p));
+                st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
+            };
+            let mut router = self.router.write();
+            for (filter, sub) in &rec.subscriptions {
+                if let Some((inner, group)) = split_filter(filter) {
+                    let entry = SubEntry {
+                        session: session.clone(),
+                        options: sub.options,
+                        sub_id: sub.sub_id,
+                        merge_overlaps: false,
+                        stream: StreamTag::default(),
+                    };
+                    router.restore(inner, group, entry);
+                }
+            }
+            drop(router);
+            session.lock().subscriptions = rec.subscriptions.into_iter().collect();
+            self.sessions.lock().replace(ById(session.clone()));
+            // A will still pending (its connection was lost with the broker, or its delay was
+            // running) is sent as if the connection had ended now.
+            let offline_for = u32::try_from(offline_for).unwrap_or(u32::MAX);
+            self.schedule_end(&session, 0, will_delay, rec.expiry_secs, now, offline_for);
+        }
+        self.handle_timeout(now);
+    }
+}

@@ -1,0 +1,180 @@
+//! The session registry: CONNECT finds or creates a client's session, closing a connection
+//! that holds it (takeover).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use braid_proto::{ByteString, ConnAck, Connect, Properties, ProtocolVersion, ReasonCode};
+
+use super::{Accepted, Broker, ById, Connected};
+use crate::config::Transport;
+use crate::control::ConnControl;
+use crate::session::{Link, Persist, Release, Session};
+
+impl Broker {
+    /// Handles CONNECT on `transport`'s listener: validates the client id, applies limits,
+    /// finds or creates the session (closing a connection that holds it) and attaches this
+    /// connection, the session's queue now under that listener's policies; returns it with the
+    /// CONNACK to send first. `Err` carries the CONNACK reason to refuse with. `now` is when
+    /// the CONNECT arrived.
+    pub fn connect(&self, c: &Connect, transport: Transport, now: Instant) -> Result<Connected, ReasonCode> {
+        let cfg = &self.config;
+        let v5 = c.protocol.is_v5();
+        let mut props = Properties::default();
+        // Own copies: slices would pin the whole CONNECT read buffer for the life of the session.
+        let mut client_id = ByteString::from(&*c.client_id);
+        if client_id.is_empty() {
+            if !cfg.mqtt.allow_empty_client_id || (!v5 && !c.clean_start) {
+                return Err(ReasonCode::ClientIdentifierNotValid);
+            }
+            client_id = ByteString::from(format!("braid-{:016x}", rand::random::<u64>()));
+            if v5 {
+                props.assigned_client_identifier = Some(client_id.clone());
+            }
+        } else if c.protocol == ProtocolVersion::V3_1 && client_id.len() > 23 {
+            return Err(ReasonCode::ClientIdentifierNotValid);
+        }
+        if c.properties.authentication_method.is_some() {
+            return Err(ReasonCode::BadAuthenticationMethod);
+        }
+        if let Some(will) = &c.will {
+            if !braid_proto::topic::valid_topic_name(&will.topic) {
+                return Err(ReasonCode::TopicNameInvalid);
+            }
+            if will.qos as u8 > cfg.mqtt.max_qos {
+                return Err(ReasonCode::QoSNotSupported);
+            }
+            if will.retain && !cfg.mqtt.retain_available {
+                return Err(ReasonCode::RetainNotSupported);
+            }
+        }
+
+        let mut keep_alive = c.keep_alive;
+        // A v5 client asking for more than the maximum, or for none while a maximum is set,
+        // gets Server Keep Alive.
+        let max = cfg.mqtt.max_keep_alive;
+        if v5 && (keep_alive > max || (keep_alive == 0 && max < u16::MAX)) {
+            keep_alive = cfg.mqtt.max_keep_alive;
+            props.server_keep_alive = Some(keep_alive);
+        }
+        let requested_expiry = if v5 {
+            c.properties.session_expiry_interval.unwrap_or(0)
+        } else if c.clean_start {
+            0
+        } else {
+            u32::MAX
+        };
+        let expiry = requested_expiry.min(cfg.session.max_session_expiry_secs);
+        if v5 {
+            if expiry != requested_expiry {
+                props.session_expiry_interval = Some(expiry);
+            }
+            props.receive_maximum = Some(cfg.mqtt.receive_maximum);
+            props.maximum_packet_size = Some(cfg.mqtt.max_packet_size);
+            props.topic_alias_maximum = Some(cfg.mqtt.topic_alias_maximum);
+            if cfg.mqtt.max_qos < 2 {
+                props.maximum_qos = Some(cfg.mqtt.max_qos);
+            }
+            if !cfg.mqtt.retain_available {
+                props.retain_available = Some(0);
+            }
+        }
+
+        let limits = &self.listener_limits[transport as usize];
+        let (session, session_present, old) = {
+            let mut sessions = self.sessions.lock();
+            let existing = sessions.get(&*client_id).map(|s| s.0.clone());
+            match existing {
+                Some(s) if !c.clean_start => (s.clone(), true, Some((s, false))),
+                existing => {
+                    let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+                    let s = Arc::new(Session::new(id, client_id.clone(), limits.clone()));
+                    if expiry > 0 && self.store.persistent() {
+                        s.lock().persist =
+                            Some(Box::new(Persist::new(self.store.clone(), id, client_id.clone(), 1)));
+                    }
+                    sessions.replace(ById(s.clone()));
+                    (s, false, existing.map(|old| (old, true)))
+                }
+            }
+        };
+        if let Some((old, discard)) = old {
+            self.take_over(&old, discard, now);
+        }
+
+        let ctl = Arc::new(ConnControl::new(keep_alive, self.clock_ms(now)));
+        let window = if v5 { c.properties.receive_maximum.unwrap_or(u16::MAX) } else { u16::MAX };
+        let alias_max = match (v5, cfg.mqtt.server_topic_aliases) {
+            (true, true) => c.properties.topic_alias_maximum.unwrap_or(0),
+            _ => 0,
+        };
+        let max_packet_size = c.properties.maximum_packet_size.unwrap_or(u32::MAX);
+        let window = usize::from(window.min(cfg.mqtt.max_inflight));
+        let link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
+        let (generation, restore) = {
+            let mut st = session.lock();
+            st.expiry_secs = expiry;
+            st.will = c.will.clone().map(Box::new);
+            st.queue.set_limits(limits.clone());
+            let generation = st.attach(link);
+            if expiry > 0 && self.store.persistent() && st.persist.is_none() {
+                // An online session resumed by a connection that asks for persistence.
+                let p = Persist::new(self.store.clone(), session.id, client_id.clone(), 1);
+                st.persist = Some(Box::new(p));
+            }
+            st.save(self.unix_secs(now));
+            (generation, st.load())
+        };
+        self.metrics.client_connected();
+        if self.shutdown.is_cancelled() {
+            // Attached after close_all() swept the sessions: close it here instead.
+            ctl.close(ReasonCode::ServerShuttingDown);
+        }
+        let connack = ConnAck { session_present, reason: ReasonCode::Success, properties: props };
+        Ok((Accepted { session, generation, ctl }, connack, restore))
+    }
+
+    /// The control of the connection attached to `client_id`'s session, if one is.
+    pub(crate) fn attached(&self, client_id: &str) -> Option<Arc<ConnControl>> {
+        let session = self.sessions.lock().get(client_id)?.0.clone();
+        let ctl = session.lock().link.as_ref().map(|l| l.ctl.clone());
+        ctl
+    }
+
+    /// Closes the connection attached to `old` (reason 0x8E) and, when `discard`, ends the
+    /// session (clean start). A will without delay is sent, as the old connection closed
+    /// without DISCONNECT; a delayed will is cancelled by the new connection.
+    fn take_over(&self, old: &Arc<Session>, discard: bool, now: Instant) {
+        let will = {
+            let mut st = old.lock();
+            if let Some(link) = st.link.take() {
+                link.ctl
+                    .close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
+                link.ctl.hand_over();
+                self.metrics.client_disconnected();
+            }
+            st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
+        };
+        old.release_publishers(Release::All);
+        if let Some(will) = will {
+            self.publish_will(old, *will, now);
+        }
+        if discard {
+            self.drop_subscriptions(old);
+            old.lock().forget();
+        }
+        self.handovers.notify_waiters();
+    }
+
+    /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was
+    /// cancelled, so connections attaching later close themselves).
+    pub fn close_all(&self, reason: ReasonCode) {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
+        for s in sessions {
+            if let Some(link) = &s.lock().link {
+                link.ctl.close(reason);
+            }
+        }
+    }
+}
