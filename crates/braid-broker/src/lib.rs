@@ -16,6 +16,7 @@ pub mod connection;
 pub mod control;
 mod handover;
 pub mod handshake_thread;
+pub mod harness;
 pub mod limits;
 pub mod listener;
 pub mod message;

@@ -152,34 +152,6 @@ fn limited(client_id: &str, clean: bool, recv_max: u16, max_packet: Option<u32>)
     c
 }
 
-/// Resending is sending: a client that resumes with Receive Maximum 1 gets one unacknowledged
-/// PUBLISH at a time, the rest as it acknowledges [MQTT-3.3.4-9].
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resume_resends_within_the_new_receive_maximum() {
-    let b = start_default().await;
-    let (mut sub, _) = TestClient::connect_ok(b.addr, V5, limited("rm-resume", true, 10, None)).await;
-    sub.subscribe("rmr/t", QoS::AtLeastOnce).await;
-    let (mut p, _) = TestClient::connect_ok(b.addr, V5, connect_packet("rmr-pub", true)).await;
-    for id in 1..=5 {
-        p.publish_and_ack("rmr/t", QoS::AtLeastOnce, format!("m{id}").as_bytes(), id).await;
-    }
-    let mut first = Vec::new();
-    for _ in 0..5 {
-        first.push(sub.expect_publish().await.packet_id);
-    }
-    sub.drop_socket();
-
-    let (mut sub, ack) = TestClient::connect_ok(b.addr, V5, limited("rm-resume", false, 1, None)).await;
-    assert!(ack.session_present);
-    for (i, id) in first.iter().enumerate() {
-        let again = sub.expect_publish().await;
-        assert_eq!((again.packet_id, again.dup), (*id, true), "resend {i}");
-        sub.expect_nothing(QUIET).await;
-        sub.send(Packet::PubAck(Ack::new(again.packet_id))).await;
-    }
-    sub.expect_nothing(QUIET).await;
-}
-
 /// A resent PUBLISH too large for the client's new Maximum Packet Size is discarded as if
 /// sent [MQTT-3.1.2-25]: it must not keep its in-flight slot and stall later deliveries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

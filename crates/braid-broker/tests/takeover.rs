@@ -1,86 +1,15 @@
-//! Session takeover: a second connection with the same client id closes the first with
-//! DISCONNECT 0x8E; the first connection's will (no delay) is published, a delayed will is
-//! cancelled when the session continues; the new connection works normally. What the old
-//! connection's client sent before the new CONNECT (a DISCONNECT) is handled first.
+//! Takeover over real sockets: what the old connection's client sent before the new CONNECT (a
+//! DISCONNECT) is handled first, whichever worker thread reads which socket first. The rest of
+//! takeover (0x8E, wills, delayed wills) is tested on the virtual clock (virtual_clock.rs).
 
 mod common;
 
 use common::*;
 
-fn with_will(client_id: &str, clean: bool, delay: Option<u32>) -> Connect {
-    let mut c = connect_with_expiry(client_id, clean, 300);
-    let properties =
-        Properties::from(braid_proto::PropertyValues { will_delay_interval: delay, ..Default::default() });
-    c.will = Some(LastWill {
-        topic: "will/takeover".into(),
-        payload: Bytes::from(format!("{client_id} is gone")),
-        qos: QoS::AtLeastOnce,
-        retain: false,
-        properties,
-    });
-    c
-}
-
 async fn watcher(addr: std::net::SocketAddr) -> TestClient {
     let (mut w, _) = TestClient::connect_ok(addr, V5, connect_packet("watcher", true)).await;
     w.subscribe("will/#", QoS::AtLeastOnce).await;
     w
-}
-
-async fn takeover(clean_b: bool) {
-    let b = start_default().await;
-    let mut w = watcher(b.addr).await;
-    let (mut a, _) = TestClient::connect_ok(b.addr, V5, with_will("dup-id", true, None)).await;
-    a.subscribe("takeover/a", QoS::AtLeastOnce).await;
-
-    let (mut bb, ack) = TestClient::connect_ok(b.addr, V5, connect_with_expiry("dup-id", clean_b, 300)).await;
-    assert_eq!(ack.session_present, !clean_b);
-
-    a.expect_disconnect(ReasonCode::SessionTakenOver).await;
-    let will = w.expect_publish().await;
-    assert_eq!((&*will.topic, &will.payload[..]), ("will/takeover", &b"dup-id is gone"[..]));
-    w.send(Packet::PubAck(Ack::new(will.packet_id))).await;
-
-    // B keeps working: its own subscription, and A's when the session continued.
-    bb.subscribe("takeover/b", QoS::AtLeastOnce).await;
-    let (mut p, _) = TestClient::connect_ok(b.addr, V5, connect_packet("tk-pub", true)).await;
-    p.publish_and_ack("takeover/a", QoS::AtLeastOnce, b"to a", 1).await;
-    p.publish_and_ack("takeover/b", QoS::AtLeastOnce, b"to b", 2).await;
-    if !clean_b {
-        let got = bb.expect_publish().await;
-        assert_eq!(&*got.topic, "takeover/a", "the session kept A's subscription");
-        bb.send(Packet::PubAck(Ack::new(got.packet_id))).await;
-    }
-    let got = bb.expect_publish().await;
-    assert_eq!(&*got.topic, "takeover/b");
-    bb.send(Packet::PubAck(Ack::new(got.packet_id))).await;
-    bb.ping().await;
-    w.expect_nothing(QUIET).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn takeover_with_clean_start_closes_old_with_0x8e_and_publishes_its_will() {
-    takeover(true).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn takeover_resuming_the_session_closes_old_with_0x8e_and_publishes_its_will() {
-    takeover(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn takeover_resuming_the_session_cancels_a_delayed_will() {
-    let b = start_default().await;
-    let mut w = watcher(b.addr).await;
-    let (mut a, _) = TestClient::connect_ok(b.addr, V5, with_will("delayed", true, Some(60))).await;
-    a.ping().await;
-    let (mut bb, ack) = TestClient::connect_ok(b.addr, V5, connect_with_expiry("delayed", false, 300)).await;
-    assert!(ack.session_present);
-    a.expect_disconnect(ReasonCode::SessionTakenOver).await;
-    // A will sent at takeover would be routed before B's CONNACK, so before this marker.
-    bb.publish_and_ack("will/marker", QoS::AtLeastOnce, b"marker", 1).await;
-    let got = w.expect_publish().await;
-    assert_eq!(&*got.topic, "will/marker", "the delayed will was published");
 }
 
 /// A client that sends DISCONNECT and at once CONNECTs again on a new socket: the DISCONNECT

@@ -35,7 +35,7 @@ pub enum Flow {
 /// Per-connection inbound state.
 pub struct Inbound<'a> {
     broker: &'a Broker,
-    session: &'a Arc<Session>,
+    session: Arc<Session>,
     version: ProtocolVersion,
     /// Topic aliases the client defined on this connection.
     aliases: HashMap<u16, ByteString>,
@@ -82,7 +82,7 @@ impl<'a> Inbound<'a> {
     /// aliases its client defined), with its topic authorization.
     pub fn new(
         broker: &'a Broker,
-        session: &'a Arc<Session>,
+        session: &Arc<Session>,
         version: ProtocolVersion,
         aliases: HashMap<u16, ByteString>,
         acl: ConnectionAcl<'a>,
@@ -91,7 +91,7 @@ impl<'a> Inbound<'a> {
         let limiter = PublishLimiter::new(&broker.config.limits, now);
         Inbound {
             broker,
-            session,
+            session: session.clone(),
             version,
             aliases,
             transmit: false,
@@ -123,7 +123,7 @@ impl<'a> Inbound<'a> {
     /// and its topic aliases are its own, and its subscriptions deliver on it.
     pub fn for_stream(
         broker: &'a Broker,
-        session: &'a Arc<Session>,
+        session: &Arc<Session>,
         version: ProtocolVersion,
         stream: StreamTag,
         acl: ConnectionAcl<'a>,
@@ -250,7 +250,7 @@ impl<'a> Inbound<'a> {
             Packet::Subscribe(s) => {
                 self.transmit = true;
                 Some(Packet::SubAck(self.broker.subscribe(
-                    self.session,
+                    &self.session,
                     self.version,
                     s,
                     &mut self.acl,
@@ -259,7 +259,7 @@ impl<'a> Inbound<'a> {
                 )))
             }
             Packet::Unsubscribe(u) => {
-                Some(Packet::UnsubAck(self.broker.unsubscribe(self.session, self.version, u, now)))
+                Some(Packet::UnsubAck(self.broker.unsubscribe(&self.session, self.version, u, now)))
             }
             Packet::PingReq => Some(Packet::PingResp),
             Packet::Disconnect(d) => return self.disconnect(d),

@@ -473,18 +473,44 @@ impl<'a> Connection<'a> {
     /// Sends the closing DISCONNECT (v5, when the broker closes with an error reason) after
     /// whatever was already encoded, then shuts the stream down; bounded to one second.
     async fn close<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
-        let (reason, detail) = self.a.ctl.reason_with_detail();
-        if !reason.is_error() {
-            self.out.clear();
-            self.written = 0;
-        } else if self.version.is_v5() {
-            let properties = Properties::from(braid_proto::PropertyValues {
-                reason_string: Some(detail.as_ref().into()),
-                ..Default::default()
-            });
-            let d = Disconnect { reason, properties };
-            let _ = encode(&Packet::Disconnect(d), self.version, &mut self.out);
+        match closing_disconnect(&self.a.ctl, self.version) {
+            Closing::Discard => {
+                self.out.clear();
+                self.written = 0;
+            }
+            Closing::Send(p) => {
+                let _ = encode(&p, self.version, &mut self.out);
+            }
+            Closing::Flush => {}
         }
         write_and_close(wr, &self.out[self.written..]).await;
     }
+}
+
+/// What a connection closing at the broker's request does with its unwritten bytes.
+#[derive(Debug)]
+pub(crate) enum Closing {
+    /// A normal close (the client's DISCONNECT): nothing more is written.
+    Discard,
+    /// Writes what was encoded, then this DISCONNECT (v5) with the reason and its detail.
+    Send(Packet),
+    /// Writes what was encoded (a 3.1.x client has no DISCONNECT from the server).
+    Flush,
+}
+
+/// How a connection whose control `ctl` asked it to close ends its output, for a client of
+/// `version`.
+pub(crate) fn closing_disconnect(ctl: &ConnControl, version: ProtocolVersion) -> Closing {
+    let (reason, detail) = ctl.reason_with_detail();
+    if !reason.is_error() {
+        return Closing::Discard;
+    }
+    if !version.is_v5() {
+        return Closing::Flush;
+    }
+    let properties = Properties::from(braid_proto::PropertyValues {
+        reason_string: Some(detail.as_ref().into()),
+        ..Default::default()
+    });
+    Closing::Send(Packet::Disconnect(Disconnect { reason, properties }))
 }
