@@ -25,6 +25,8 @@ pub struct Metrics {
     pub publishes_denied: AtomicU64,
     /// Connections closed at accept: `limits.max_connections` reached.
     pub connections_refused: AtomicU64,
+    /// Idle connections parked now (see [`crate::park`]).
+    pub clients_parked: AtomicU64,
 }
 
 impl Metrics {

@@ -16,6 +16,8 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
+use futures_util::future::BoxFuture;
+
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use parking_lot::Mutex;
@@ -29,7 +31,8 @@ use braid_proto::{ByteString, ProtocolVersion};
 
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker};
-use crate::control::ConnControl;
+use crate::control::{ConnControl, Unpark};
+use crate::metrics::Metrics;
 
 /// The lot's own token, used to stop its thread.
 const STOP: Token = Token(usize::MAX);
@@ -49,6 +52,9 @@ pub(crate) struct Parked {
     pub aliases: Option<Box<HashMap<u16, ByteString>>>,
 }
 
+/// Carries on with a connection that was parked in the lot: the task the lot spawns for it.
+pub(crate) type Resume = fn(Arc<Broker>, Arc<ParkingLot>, Parked) -> BoxFuture<'static, ()>;
+
 /// Parked connections and the thread that watches their sockets.
 pub struct ParkingLot {
     registry: Registry,
@@ -58,6 +64,22 @@ pub struct ParkingLot {
     runtime: Handle,
     tasks: TaskTracker,
     broker: Weak<Broker>,
+    resume: Resume,
+    /// This lot, for the tasks it spawns.
+    this: Weak<ParkingLot>,
+}
+
+impl Unpark for ParkingLot {
+    /// Gives the connection parked under `key` a new task. Called once per park, by whoever
+    /// won [`ConnControl::unpark`].
+    fn unpark(&self, key: usize) {
+        let Some(parked) = self.parked.lock().try_remove(key) else { return };
+        let _ = self.registry.deregister(&mut SourceFd(&parked.stream.as_raw_fd()));
+        let (Some(broker), Some(lot)) = (self.broker.upgrade(), self.this.upgrade()) else { return };
+        broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
+        let _runtime = self.runtime.enter();
+        self.tasks.spawn((self.resume)(broker, lot, *parked));
+    }
 }
 
 impl std::fmt::Debug for ParkingLot {
@@ -67,12 +89,17 @@ impl std::fmt::Debug for ParkingLot {
 }
 
 impl ParkingLot {
-    /// Starts a lot whose resumed connections run as tasks of `tasks` on the current runtime.
-    pub fn start(broker: &Arc<Broker>, tasks: TaskTracker) -> io::Result<Arc<ParkingLot>> {
+    /// Starts a lot whose resumed connections run `resume` as tasks of `tasks` on the current
+    /// runtime.
+    pub(crate) fn start(
+        broker: &Arc<Broker>,
+        tasks: TaskTracker,
+        resume: Resume,
+    ) -> io::Result<Arc<ParkingLot>> {
         let mut poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let stop_waker = Waker::new(poll.registry(), STOP)?;
-        let lot = Arc::new(ParkingLot {
+        let lot = Arc::new_cyclic(|this| ParkingLot {
             registry,
             stop_waker,
             stopped: AtomicBool::new(false),
@@ -80,8 +107,9 @@ impl ParkingLot {
             runtime: Handle::current(),
             tasks,
             broker: Arc::downgrade(broker),
+            resume,
+            this: this.clone(),
         });
-        broker.set_parking_lot(&lot);
         let watcher = lot.clone();
         std::thread::Builder::new().name("braid-park".into()).spawn(move || watcher.watch(&mut poll))?;
         Ok(lot)
@@ -91,16 +119,6 @@ impl ParkingLot {
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         let _ = self.stop_waker.wake();
-    }
-
-    /// Connections parked now.
-    pub fn len(&self) -> usize {
-        self.parked.lock().len()
-    }
-
-    /// True when no connection is parked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Parks `stream` with its state. On failure the socket is closed and the attachment is
@@ -132,19 +150,12 @@ impl ParkingLot {
                 return Err((slab.remove(key).accepted, e));
             }
         }
+        if let Some(broker) = self.broker.upgrade() {
+            Metrics::add(&broker.metrics.clients_parked, 1);
+        }
         // A wake that came while parking unparks it at once.
         ctl.unpark_if_woken();
         Ok(())
-    }
-
-    /// Gives the connection parked under `key` a new task. Called once per park, by whoever
-    /// won [`ConnControl::unpark`].
-    pub(crate) fn unpark(&self, key: usize) {
-        let Some(parked) = self.parked.lock().try_remove(key) else { return };
-        let _ = self.registry.deregister(&mut SourceFd(&parked.stream.as_raw_fd()));
-        let Some(broker) = self.broker.upgrade() else { return };
-        let _runtime = self.runtime.enter();
-        self.tasks.spawn(crate::connection::tcp::resume(broker, *parked));
     }
 
     fn watch(self: Arc<Self>, poll: &mut Poll) {

@@ -109,7 +109,7 @@ impl Server {
         let connections = TaskTracker::new();
         let lot = match self.broker.config.listeners.park_after_secs {
             0 => None,
-            _ => match ParkingLot::start(&self.broker, connections.clone()) {
+            _ => match ParkingLot::start(&self.broker, connections.clone(), crate::connection::tcp::resume) {
                 Ok(lot) => Some(lot),
                 Err(e) => {
                     warn!("idle connections will not park: cannot start the parking lot: {e}");

@@ -21,7 +21,7 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -36,7 +36,6 @@ use crate::config::{Config, QueuePolicy, Transport};
 use crate::control::ConnControl;
 use crate::limits::MemoryAlarm;
 use crate::metrics::Metrics;
-use crate::park::ParkingLot;
 use crate::retained::Retained;
 use crate::router::Router;
 use crate::session::{QueueLimits, Restore, Session};
@@ -75,8 +74,6 @@ pub struct Broker {
     listener_limits: [Arc<QueueLimits>; 5],
     /// Where persistent sessions and retained messages are kept.
     pub store: Arc<dyn Store>,
-    /// Where idle plain-TCP connections park, once the server has started it.
-    lot: OnceLock<Arc<ParkingLot>>,
     /// Notified when a connection answers a takeover or detaches (see [`crate::handover`]).
     pub(crate) handovers: Notify,
     /// Will delays, session expiries and the connection sweep.
@@ -182,7 +179,6 @@ impl Broker {
             next_session_id: AtomicU64::new(1),
             queue_limits,
             listener_limits,
-            lot: OnceLock::new(),
             handovers: Notify::new(),
             timers: Mutex::new(Timers::default()),
             timers_changed: Notify::new(),
@@ -202,14 +198,9 @@ impl Broker {
         self.started_unix + now.saturating_duration_since(self.started).as_secs()
     }
 
-    /// Uses `lot` for idle connections (once; the server's parking lot).
-    pub fn set_parking_lot(&self, lot: &Arc<ParkingLot>) {
-        let _ = self.lot.set(lot.clone());
-    }
-
     /// Connections parked now (see [`crate::park`]).
     pub fn parked(&self) -> usize {
-        self.lot.get().map_or(0, |l| l.len())
+        Metrics::get(&self.metrics.clients_parked) as usize
     }
 
     /// Numbers for `$SYS`: (sessions known, subscriptions, retained messages).

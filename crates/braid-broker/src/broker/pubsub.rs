@@ -14,8 +14,8 @@ use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::router::SubEntry;
-use crate::session::{Enqueued, Session, SubscriptionRecord};
-use crate::store::{Op, Ticket};
+use crate::session::{Enqueued, Session};
+use crate::store::{Op, SubscriptionRecord, Ticket};
 
 impl Broker {
     /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the

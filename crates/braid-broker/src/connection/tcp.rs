@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures_util::future::BoxFuture;
 use rustix::net::RecvFlags;
 use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
@@ -32,14 +33,18 @@ pub async fn serve(
     };
     let Some(start) = start else { return };
     if let Some(lot) = &lot {
-        start.accepted.ctl.allow_parking(lot);
+        start.accepted.ctl.allow_parking(lot.clone());
     }
     let kept = (HashMap::new(), start.acl);
-    drive(broker, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
+    drive(broker, lot, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
 }
 
-/// Carries on with a connection that was parked.
-pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
+/// Carries on with a connection that was parked in `lot` (the lot's [`crate::park::Resume`]).
+pub(crate) fn resume(broker: Arc<Broker>, lot: Arc<ParkingLot>, parked: Parked) -> BoxFuture<'static, ()> {
+    Box::pin(resume_parked(broker, lot, parked))
+}
+
+async fn resume_parked(broker: Arc<Broker>, lot: Arc<ParkingLot>, parked: Parked) {
     let Parked { stream, accepted, version, aliases, acl } = parked;
     let stream = match TcpStream::from_std(stream) {
         Ok(s) => s,
@@ -51,16 +56,18 @@ pub(crate) async fn resume(broker: Arc<Broker>, parked: Parked) {
     };
     let peer = stream.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let kept = (aliases.map(|a| *a).unwrap_or_default(), acl);
-    drive(broker, stream, peer, accepted, version, BytesMut::new(), ReadBuffer::default(), kept).await;
+    drive(broker, Some(lot), stream, peer, accepted, version, BytesMut::new(), ReadBuffer::default(), kept)
+        .await;
 }
 
 /// What a connection keeps across parking: its client's topic aliases and its authorization.
 type Kept = (HashMap<u16, ByteString>, Option<Box<AclSeed>>);
 
-/// Runs the connection until it ends (then closes it) or parks.
+/// Runs the connection until it ends (then closes it) or parks in `lot`.
 #[allow(clippy::too_many_arguments)]
 async fn drive(
     broker: Arc<Broker>,
+    lot: Option<Arc<ParkingLot>>,
     mut stream: TcpStream,
     peer: SocketAddr,
     accepted: Accepted,
@@ -79,7 +86,7 @@ async fn drive(
         Stop::End(ending) => ending,
         Stop::Park(aliases, acl) => {
             drop(conn);
-            let parked = match accepted.ctl.lot().cloned() {
+            let parked = match lot {
                 Some(lot) => lot.park(stream, accepted, version, aliases, acl),
                 None => Err((accepted, io::Error::other("parking is not enabled"))),
             };

@@ -22,7 +22,7 @@ pub use alias::OutboundAliases;
 pub use persist::{Persist, Restore};
 pub use qos2::Qos2Ids;
 pub use queue::{Enqueued, OnDisk, Queue, QueueLimits};
-pub use state::{Link, Outbox, Release, SessionState, SubscriptionRecord, Transmit};
+pub use state::{Link, Outbox, Release, SessionState, Transmit};
 
 use crate::message::Delivery;
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use braid_proto::{
     encode, Ack, ByteString, BytesMut, LastWill, Packet, Properties, ProtocolVersion, Publish, QoS,
-    ReasonCode, SubscriptionOptions,
+    ReasonCode,
 };
 
 use super::adaptive::micros;
@@ -21,22 +21,13 @@ use super::queue::{Enqueued, Queue, QueueLimits};
 use crate::config::OverflowPolicy;
 use crate::control::ConnControl;
 use crate::message::{Delivery, StreamTag};
-use crate::store::{self, SessionRecord, Stored, Ticket};
+use crate::store::{self, SessionRecord, Stored, SubscriptionRecord, Ticket};
 
 /// A map without per-map random hash keys (16 bytes less in every session). Its keys are a
 /// session's own subscriptions and packet ids, bounded by the session's limits.
 pub type SmallMap<K, V> = HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
 /// The set counterpart of [`SmallMap`].
 pub type SmallSet<K> = HashSet<K, BuildHasherDefault<DefaultHasher>>;
-
-/// A subscription as the session remembers it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SubscriptionRecord {
-    /// Options from SUBSCRIBE.
-    pub options: SubscriptionOptions,
-    /// v5 Subscription Identifier.
-    pub sub_id: Option<u32>,
-}
 
 /// The outbound side of the connection currently attached to the session.
 #[derive(Debug)]

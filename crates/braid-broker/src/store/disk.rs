@@ -779,8 +779,7 @@ fn drop_session(segs: &mut BTreeMap<u32, Segment>, s: SessionIndex) {
 mod tests {
     use super::*;
     use crate::message::Delivery;
-    use crate::session::SubscriptionRecord;
-    use crate::store::SessionRecord;
+    use crate::store::{SessionRecord, SubscriptionRecord};
     use braid_proto::{Bytes, LastWill, QoS, SubscriptionOptions};
 
     fn config(dir: &Path) -> StoreConfig {

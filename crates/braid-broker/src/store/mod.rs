@@ -15,11 +15,19 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, watch};
 
-use braid_proto::{ByteString, LastWill};
+use braid_proto::{ByteString, LastWill, SubscriptionOptions};
 
 use crate::config::{StoreBackend, StoreConfig};
 use crate::message::{Delivery, Message};
-use crate::session::SubscriptionRecord;
+
+/// A subscription as a session remembers it (and the store keeps it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriptionRecord {
+    /// Options from SUBSCRIBE.
+    pub options: SubscriptionOptions,
+    /// v5 Subscription Identifier.
+    pub sub_id: Option<u32>,
+}
 
 /// Position of a change in the store's order; a change is on disk once
 /// [`Store::durable`] reaches its ticket.

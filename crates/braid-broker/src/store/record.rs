@@ -10,9 +10,9 @@ use braid_proto::{
     Subscribe,
 };
 
+use super::SubscriptionRecord;
 use super::{SessionRecord, Stage};
 use crate::message::{Delivery, Message};
-use crate::session::SubscriptionRecord;
 
 /// Bytes before a record's kind: length and CRC.
 pub const FRAME_HEADER: usize = 8;

@@ -1,0 +1,234 @@
+//! The handle through which anything outside a connection's task reaches it. Five small state
+//! machines, each in its own file, make it up:
+//!
+//! - [`signal`]: the task's wake-up (deliveries ready, a close, a park or handover request);
+//! - the close request: the first reason given wins;
+//! - [`activity`]: the clocks the broker's sweep reads (keep alive, idleness);
+//! - [`parking`]: the parking state of an idle connection (see [`crate::park`]);
+//! - [`handover`]: a takeover's request to read what already arrived first (see
+//!   [`crate::handover`]).
+//!
+//! One small struct, so an idle connection waits on a single notification, or on nothing at
+//! all once parked.
+
+mod activity;
+mod handover;
+mod parking;
+mod signal;
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use once_cell::race::OnceBox;
+
+use braid_proto::ReasonCode;
+
+pub use parking::Unpark;
+
+use activity::Activity;
+use handover::Handover;
+use parking::Parking;
+use signal::Signal;
+
+/// Why a connection closes: the reason code and a human-readable detail, sent to v5 clients as
+/// DISCONNECT's Reason String.
+pub type CloseReason = (ReasonCode, Cow<'static, str>);
+
+/// Control block of one connection. The first close reason given wins; the connection sends it
+/// in a v5 DISCONNECT before closing the socket.
+#[derive(Debug)]
+pub struct ConnControl {
+    signal: Signal,
+    closed: AtomicBool,
+    reason: OnceBox<CloseReason>,
+    activity: Activity,
+    parking: Parking,
+    handover: Handover,
+}
+
+impl ConnControl {
+    /// A control for a connection with keep alive `keep_alive_secs` (0 = none), active at
+    /// `now_ms` (the broker's clock).
+    pub fn new(keep_alive_secs: u16, now_ms: u64) -> ConnControl {
+        ConnControl {
+            signal: Signal::default(),
+            closed: AtomicBool::new(false),
+            reason: OnceBox::new(),
+            activity: Activity::new(keep_alive_secs, now_ms),
+            parking: Parking::default(),
+            handover: Handover::default(),
+        }
+    }
+
+    /// Wakes the connection: deliveries are ready (a wake before it waits is not lost). A
+    /// parked connection gets its task back.
+    pub fn wake(&self) {
+        self.parking.woken();
+        self.signal.notify();
+        self.parking.unpark();
+    }
+
+    /// Waits for [`ConnControl::wake`] or a close.
+    pub async fn woken(&self) {
+        self.signal.notified().await
+    }
+
+    /// Clears the wake flag before the task looks for work, so that a wake arriving after the
+    /// look is seen by [`ConnControl::unpark_if_woken`].
+    pub fn clear_woken(&self) {
+        self.parking.clear_woken();
+    }
+
+    // ---- close ----
+
+    /// Asks the connection to close with `reason`, explained by the code's own description.
+    pub fn close(&self, reason: ReasonCode) {
+        self.close_because(reason, reason.description());
+    }
+
+    /// Asks the connection to close with `reason`, explained by `detail`.
+    pub fn close_because(&self, reason: ReasonCode, detail: impl Into<Cow<'static, str>>) {
+        let _ = self.reason.set(Box::new((reason, detail.into())));
+        self.closed.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// True once a close was asked for.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Why the connection closes (server shutdown when no one said).
+    pub fn reason(&self) -> ReasonCode {
+        self.reason.get().map_or(ReasonCode::ServerShuttingDown, |r| r.0)
+    }
+
+    /// Why the connection closes, with its detail.
+    pub fn reason_with_detail(&self) -> CloseReason {
+        self.reason
+            .get()
+            .cloned()
+            .unwrap_or((ReasonCode::ServerShuttingDown, Cow::Borrowed("server shutting down")))
+    }
+
+    // ---- activity ----
+
+    /// Bytes arrived at `now_ms`.
+    pub fn touch(&self, now_ms: u64) {
+        self.activity.read(now_ms);
+    }
+
+    /// Bytes were written at `now_ms`.
+    pub fn wrote(&self, now_ms: u64) {
+        self.activity.wrote(now_ms);
+    }
+
+    /// Marks the connection as held by backpressure (or no longer, at `now_ms`).
+    pub fn set_held(&self, held: bool, now_ms: u64) {
+        self.activity.set_held(held);
+        self.activity.read(now_ms);
+    }
+
+    /// Closes the connection (0x8D) if nothing arrived for 1.5 times its keep alive.
+    pub fn expire_if_silent(&self, now_ms: u64) {
+        if self.is_closed() {
+            return;
+        }
+        if let Some(detail) = self.activity.keep_alive_expired(now_ms) {
+            self.close_because(ReasonCode::KeepAliveTimeout, detail);
+        }
+    }
+
+    // ---- parking ----
+
+    /// Lets this connection park in `lot` when idle.
+    pub fn allow_parking(&self, lot: Arc<dyn Unpark>) {
+        self.parking.allow(lot);
+    }
+
+    /// Asks an idle connection's task to park: it has been silent both ways for `after_ms`
+    /// (and is not held, closing or parked already).
+    pub fn request_park_if_idle(&self, now_ms: u64, after_ms: u64) {
+        if !self.parking.can_park()
+            || self.activity.is_held()
+            || self.is_closed()
+            || !self.activity.idle_for(now_ms, after_ms)
+        {
+            return;
+        }
+        if self.parking.request() {
+            self.signal.notify();
+        }
+    }
+
+    /// True (once) if the sweeper asked this connection to park.
+    pub fn take_park_request(&self) -> bool {
+        self.parking.take_request()
+    }
+
+    /// Records that the connection is parked under `key`.
+    pub fn set_parked(&self, key: usize) {
+        self.parking.set(key);
+    }
+
+    /// Takes back a park that failed; false if a waker already claimed it.
+    pub fn clear_parked(&self, key: usize) -> bool {
+        self.parking.clear(key)
+    }
+
+    /// Unparks the connection if a wake came since the task last looked for work.
+    pub fn unpark_if_woken(&self) {
+        if self.parking.was_woken() {
+            self.parking.unpark();
+        }
+    }
+
+    /// Gives a parked connection its task back (once, whoever calls).
+    pub fn unpark(&self) {
+        self.parking.unpark();
+    }
+
+    // ---- handover ----
+
+    /// Asks the connection to handle what its client already sent before a new connection
+    /// takes its session over; [`ConnControl::handed_over`] says when it has.
+    pub fn ask_handover(&self) {
+        self.handover.ask();
+        self.wake();
+    }
+
+    /// True while a takeover waits for this connection (see [`ConnControl::ask_handover`]).
+    pub fn handover_asked(&self) -> bool {
+        self.handover.is_asked()
+    }
+
+    /// The connection has handled what its client sent before it was asked to hand over, or
+    /// the broker has finished with it (its disconnect handled, session ended or kept, or it
+    /// was taken over): a CONNECT waiting in [`crate::handover`] may go on.
+    pub fn hand_over(&self) {
+        self.handover.done();
+    }
+
+    /// True once the connection answered [`ConnControl::ask_handover`] or the broker finished
+    /// with it.
+    pub fn handed_over(&self) -> bool {
+        self.handover.is_done()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_closes_with_0x8d_once_and_the_first_reason_wins() {
+        let ctl = ConnControl::new(1, 5 << 32);
+        ctl.expire_if_silent((5 << 32) + 1499);
+        assert!(!ctl.is_closed());
+        ctl.expire_if_silent((5 << 32) + 1500);
+        assert_eq!(ctl.reason(), ReasonCode::KeepAliveTimeout);
+        ctl.close(ReasonCode::SessionTakenOver);
+        assert_eq!(ctl.reason(), ReasonCode::KeepAliveTimeout, "the first reason wins");
+    }
+}

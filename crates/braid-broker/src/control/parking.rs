@@ -1,0 +1,96 @@
+//! The parking state of an idle connection (see [`crate::park`]): whether the sweep asked it to
+//! park, its key in the parking lot while parked, and the hook that gives it a task back. The
+//! lot installs the hook, so this low layer does not know the lot.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// `parked` when the connection has a task.
+const NOT_PARKED: usize = usize::MAX;
+
+/// Gives a parked connection its task back.
+pub trait Unpark: Send + Sync + std::fmt::Debug {
+    /// Resumes the connection parked under `key`.
+    fn unpark(&self, key: usize);
+}
+
+/// Parking state.
+#[derive(Debug)]
+pub(super) struct Parking {
+    /// Set by every wake; cleared by the task when it looks for work.
+    woken: AtomicBool,
+    /// The sweeper asked the task to park if it is idle.
+    requested: AtomicBool,
+    /// The parking lot's key while parked, else `NOT_PARKED`.
+    key: AtomicUsize,
+    /// Where the connection parks; set once its transport can park.
+    lot: OnceLock<Arc<dyn Unpark>>,
+}
+
+impl Default for Parking {
+    fn default() -> Self {
+        Parking {
+            woken: AtomicBool::new(false),
+            requested: AtomicBool::new(false),
+            key: AtomicUsize::new(NOT_PARKED),
+            lot: OnceLock::new(),
+        }
+    }
+}
+
+impl Parking {
+    /// Records a wake (before the task is notified).
+    pub(super) fn woken(&self) {
+        self.woken.store(true, Ordering::SeqCst);
+    }
+
+    /// Clears the wake flag before the task looks for work.
+    pub(super) fn clear_woken(&self) {
+        self.woken.store(false, Ordering::SeqCst);
+    }
+
+    /// True if a wake came since [`Parking::clear_woken`].
+    pub(super) fn was_woken(&self) -> bool {
+        self.woken.load(Ordering::SeqCst)
+    }
+
+    /// Lets the connection park in `lot`.
+    pub(super) fn allow(&self, lot: Arc<dyn Unpark>) {
+        let _ = self.lot.set(lot);
+    }
+
+    /// True if the connection may park and is not parked now.
+    pub(super) fn can_park(&self) -> bool {
+        self.lot.get().is_some() && self.key.load(Ordering::Relaxed) == NOT_PARKED
+    }
+
+    /// Asks the task to park; true if this is a new request.
+    pub(super) fn request(&self) -> bool {
+        !self.requested.swap(true, Ordering::Relaxed)
+    }
+
+    /// True (once) if parking was requested.
+    pub(super) fn take_request(&self) -> bool {
+        self.requested.swap(false, Ordering::Relaxed)
+    }
+
+    /// Records that the connection is parked under `key`.
+    pub(super) fn set(&self, key: usize) {
+        self.key.store(key, Ordering::SeqCst);
+    }
+
+    /// Takes back the park under `key`; false if someone else already did.
+    pub(super) fn clear(&self, key: usize) -> bool {
+        self.key.compare_exchange(key, NOT_PARKED, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// Gives a parked connection its task back (once, whoever calls).
+    pub(super) fn unpark(&self) {
+        let key = self.key.load(Ordering::SeqCst);
+        if key != NOT_PARKED && self.clear(key) {
+            if let Some(lot) = self.lot.get() {
+                lot.unpark(key);
+            }
+        }
+    }
+}
