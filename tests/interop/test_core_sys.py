@@ -2,6 +2,8 @@
 import re
 import time
 
+import pytest
+
 from helpers import unique
 
 NUMBER = re.compile(rb"^\d+$")
@@ -75,6 +77,16 @@ def test_sys_uptime_advances(broker, connect):
         if now > first:
             break
         assert time.monotonic() < deadline
+
+
+@pytest.mark.braid_only  # Mosquitto has no memory/rss (its heap figures are $SYS/broker/heap/...)
+def test_sys_memory_rss_is_the_resident_set_size(broker, connect):
+    """Published without a memory watermark configured (the fixture sets none)."""
+    sub = connect(broker)
+    sub.subscribe("$SYS/broker/memory/rss", 0)
+    [m] = sub.wait_messages(1, timeout=3)
+    assert NUMBER.match(m.payload), m.payload
+    assert 1 << 20 < int(m.payload) < 10 << 30, f"{int(m.payload)} bytes"
 
 
 def test_clients_cannot_publish_to_sys(broker, connect):

@@ -40,16 +40,64 @@ def test_receive_maximum_limits_unacked_qos1_to_subscriber(broker, raw5, v5):
 def test_exceeding_server_receive_maximum_disconnects_with_0x93(make_broker, raw5, v5):
     b = make_broker(braid={"mqtt.receive_maximum": 2}, mosquitto=["max_inflight_messages 2"])
     bystander = v5(b)
+    c, _ = exceed_receive_maximum(b, raw5)
+    seen = c.closed_after(3)
+    disconnects = [p for p in seen if p.type == r.DISCONNECT]
+    assert [p.reason for p in disconnects] == [0x93], seen
+    assert bystander.is_connected()
+
+
+def exceed_receive_maximum(b, raw5):
+    """A raw v5 client of ``b`` (Receive Maximum 2) that has just sent a third unreleased QoS 2
+    PUBLISH; returns it and its topic."""
     c = raw5(b)
     ack = c.connect5(unique("rm"))
     assert ack.prop(r.RECEIVE_MAXIMUM) == 2
     topic = unique("rmin")
     for pid in (1, 2, 3):  # QoS 2, never released: 3 in flight against a maximum of 2
         c.send(r.publish(topic, b"x", qos=2, pid=pid))
+    return c, topic
+
+
+@pytest.mark.braid_only  # Mosquitto answers PUBREC 0x97 (Quota exceeded) and keeps the connection
+def test_0x93_reaches_a_client_that_writes_on_after_it(make_broker, raw5):
+    """A client pipelines more PUBLISHes after the one that exceeds Receive Maximum and reads only
+    then: it gets the DISCONNECT 0x93 and an orderly end of stream, and no reset on the way (every
+    write succeeds: a write failing on the reset is where a client such as paho drops the
+    connection without reading what it was sent). The broker reads and drops what still arrives
+    after its DISCONNECT instead of closing a socket with unread bytes."""
+    b = make_broker(braid={"mqtt.receive_maximum": 2})
+    c, topic = exceed_receive_maximum(b, raw5)
+    written = []
+    for pid in range(4, 40):
+        time.sleep(0.01)
+        written.append(c.send(r.publish(topic, b"x" * 100, qos=2, pid=pid)))
+    assert all(written), f"writes failed (connection reset) from packet id {written.index(False) + 4} on"
     seen = c.closed_after(3)
-    disconnects = [p for p in seen if p.type == r.DISCONNECT]
-    assert [p.reason for p in disconnects] == [0x93], seen
-    assert bystander.is_connected()
+    assert [p.reason for p in seen if p.type == r.DISCONNECT] == [0x93], seen
+
+
+@pytest.mark.braid_only
+def test_a_client_that_never_stops_writing_is_cut_off_after_the_disconnect(make_broker, raw5):
+    """Reading on after its DISCONNECT is bounded: a client that keeps sending (one PINGREQ every
+    50 ms, reading as it goes) reads the DISCONNECT 0x93 and finds the socket closed (a write
+    fails) within about a second."""
+    b = make_broker(braid={"mqtt.receive_maximum": 2})
+    c, _ = exceed_receive_maximum(b, raw5)
+    start = time.monotonic()
+    seen = []
+    while time.monotonic() - start < 5 and c.send(r.packet(r.PINGREQ, 0, b"")):
+        try:
+            p = c.recv(0.05)
+        except AssertionError:  # nothing within 50 ms
+            continue
+        if p is None:
+            time.sleep(0.05)  # the broker's end of stream; it may still read
+        else:
+            seen.append(p)
+    elapsed = time.monotonic() - start
+    assert [p.reason for p in seen if p.type == r.DISCONNECT] == [0x93], seen
+    assert elapsed < 3, f"the broker kept reading for {elapsed:.1f}s"
 
 
 def test_subscriber_maximum_packet_size_skips_larger_messages(broker, v5):

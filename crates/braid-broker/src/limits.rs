@@ -3,7 +3,7 @@
 //! rate, or any publisher while memory is above the high-watermark, is simply not read from
 //! until it may go on, so TCP flow control slows it down.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -88,7 +88,6 @@ pub const MEMORY_CHECK: Duration = Duration::from_millis(500);
 pub struct MemoryAlarm {
     watermark: u64,
     raised: AtomicBool,
-    rss: AtomicU64,
     cleared: Notify,
 }
 
@@ -103,14 +102,8 @@ impl MemoryAlarm {
         self.raised.load(Ordering::Relaxed)
     }
 
-    /// The last resident memory measured, bytes (0 when the alarm is off).
-    pub fn rss(&self) -> u64 {
-        self.rss.load(Ordering::Relaxed)
-    }
-
-    /// Records a measurement; raises or clears the alarm (logging the change).
+    /// Raises or clears the alarm for a measurement (logging the change).
     pub fn update(&self, rss: u64) {
-        self.rss.store(rss, Ordering::Relaxed);
         let above = self.watermark > 0 && rss > self.watermark;
         if above != self.raised.swap(above, Ordering::Relaxed) {
             if above {

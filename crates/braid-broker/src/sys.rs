@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use braid_proto::{ByteString, Bytes};
 
 use crate::broker::Broker;
+use crate::limits::resident_memory;
 use crate::message::Message;
 use crate::metrics::Metrics;
 
@@ -50,7 +51,6 @@ fn publish_all(broker: &Broker) {
         ("$SYS/broker/publish/messages/denied", Metrics::get(&m.publishes_denied).to_string()),
         ("$SYS/broker/connections/refused", Metrics::get(&m.connections_refused).to_string()),
         ("$SYS/broker/memory/alarm", u8::from(broker.memory.is_raised()).to_string()),
-        ("$SYS/broker/memory/rss", broker.memory.rss().to_string()),
         ("$SYS/broker/bytes/received", Metrics::get(&m.bytes_received).to_string()),
         ("$SYS/broker/bytes/sent", Metrics::get(&m.bytes_sent).to_string()),
         ("$SYS/broker/subscriptions/count", subscriptions.to_string()),
@@ -58,5 +58,9 @@ fn publish_all(broker: &Broker) {
     ];
     for (topic, value) in values {
         publish(broker, topic, value);
+    }
+    // Not published where it cannot be read (outside Linux).
+    if let Some(rss) = resident_memory() {
+        publish(broker, "$SYS/broker/memory/rss", rss.to_string());
     }
 }

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
 use braid_proto::{
@@ -32,6 +32,10 @@ use inbound::{Flow, Inbound};
 const WRITE_BUDGET: usize = 64 * 1024;
 /// A write buffer that grew beyond this is released once written.
 const KEEP_WRITE_CAPACITY: usize = 16 * 1024;
+/// How long a closed connection goes on reading what its client still sends (see [`linger`]).
+const LINGER: Duration = Duration::from_secs(1);
+/// The most it reads of that, in bytes.
+const LINGER_BYTES: u64 = 64 * 1024;
 
 /// Serves one client of `transport`'s listener on `rd`/`wr` until it disconnects, misbehaves,
 /// is taken over or the broker shuts down (plain TCP goes through [`tcp::serve`], which can
@@ -60,7 +64,7 @@ pub async fn serve_verified<R, W>(
         // Parking is only ever asked of connections whose transport allowed it.
         Stop::Park(..) => Ending::WithWill,
     };
-    conn.finish(&mut wr, ending).await;
+    conn.finish(&mut rd, &mut wr, ending).await;
 }
 
 /// An accepted client, its CONNACK encoded and not yet written.
@@ -106,7 +110,13 @@ where
         Ok(Err(FirstPacket::Eof)) => return None,
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing connection: {why}");
-            Box::pin(refuse(wr, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)).await;
+            Box::pin(refuse_lingering(
+                rd,
+                wr,
+                ProtocolVersion::V3_1_1,
+                ReasonCode::UnsupportedProtocolVersion,
+            ))
+            .await;
             return None;
         }
         Ok(Err(FirstPacket::Close(why))) => {
@@ -120,7 +130,7 @@ where
         match admit(broker, &connect, verified_username.as_deref(), peer, transport).await {
             Ok(a) => a,
             Err(reason) => {
-                Box::pin(refuse(wr, version, reason)).await;
+                Box::pin(refuse_lingering(rd, wr, version, reason)).await;
                 return None;
             }
         };
@@ -264,8 +274,13 @@ pub(crate) async fn read_connect<R: AsyncRead + Unpin>(
     }
 }
 
-/// Writes a refusing CONNACK and closes.
-pub(crate) async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolVersion, reason: ReasonCode) {
+/// Writes a refusing CONNACK and shuts the stream down; true if it was (QUIC's close then waits
+/// for the peer, byte streams go through [`refuse_lingering`]).
+pub(crate) async fn refuse<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    version: ProtocolVersion,
+    reason: ReasonCode,
+) -> bool {
     let mut buf = BytesMut::new();
     let properties = Properties::from(braid_proto::PropertyValues {
         reason_string: Some(reason.description().into()),
@@ -273,19 +288,40 @@ pub(crate) async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, version: ProtocolV
     });
     let ack = ConnAck { session_present: false, reason, properties };
     let _ = encode(&Packet::ConnAck(ack), version, &mut buf);
-    write_and_close(wr, &buf).await;
+    write_and_close(wr, &buf).await
+}
+
+/// [`refuse`] on a byte stream, then [`linger`].
+async fn refuse_lingering<R, W>(rd: &mut R, wr: &mut W, version: ProtocolVersion, reason: ReasonCode)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    if refuse(wr, version, reason).await {
+        linger(rd).await;
+    }
 }
 
 /// Writes the last bytes of a connection and shuts it down, giving up after one second (a
-/// client that does not read must not keep the task alive).
-async fn write_and_close<W: AsyncWrite + Unpin>(wr: &mut W, last: &[u8]) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+/// client that does not read must not keep the task alive); true if it was shut down.
+async fn write_and_close<W: AsyncWrite + Unpin>(wr: &mut W, last: &[u8]) -> bool {
+    let closed = tokio::time::timeout(Duration::from_secs(1), async {
         if !last.is_empty() {
             wr.write_all(last).await?;
         }
         wr.shutdown().await
     })
     .await;
+    matches!(closed, Ok(Ok(())))
+}
+
+/// After the broker shut its side of a byte stream down: reads and drops what the client still
+/// sends until its end of stream, for at most [`LINGER`] and [`LINGER_BYTES`]. A socket closed
+/// with unread bytes is reset, and a client still writing would lose the DISCONNECT or CONNACK
+/// it was sent before it read it.
+async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
+    let drain = async { tokio::io::copy(&mut rd.take(LINGER_BYTES), &mut tokio::io::sink()).await };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// How a connection the broker closes with `reason` ends, for will and session handling.
@@ -462,17 +498,26 @@ impl<'a> Connection<'a> {
         })
     }
 
-    /// Closes the connection and tells the broker how it ended.
-    async fn finish<W: AsyncWrite + Unpin>(mut self, wr: &mut W, ending: Ending) {
-        // Boxed like the connect phase: only the closing moment needs its timer.
-        Box::pin(self.close(wr)).await;
+    /// Closes the connection, tells the broker how it ended, then lingers on `rd` (not holding
+    /// up the will or the session's end).
+    async fn finish<R, W>(mut self, rd: &mut R, wr: &mut W, ending: Ending)
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        // Boxed like the connect phase: only the closing moment needs its timers.
+        let closed = Box::pin(self.close(wr)).await;
         debug!(peer = %self.peer, client_id = %self.a.session.client_id, ?ending, "client disconnected");
         self.broker.disconnected(&self.a.session, self.a.generation, ending, Instant::now());
+        if closed {
+            Box::pin(linger(rd)).await;
+        }
     }
 
     /// Sends the closing DISCONNECT (v5, when the broker closes with an error reason) after
-    /// whatever was already encoded, then shuts the stream down; bounded to one second.
-    async fn close<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
+    /// whatever was already encoded, then shuts the stream down; bounded to one second. True if
+    /// it was shut down.
+    async fn close<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> bool {
         match closing_disconnect(&self.a.ctl, self.version) {
             Closing::Discard => {
                 self.out.clear();
@@ -483,7 +528,7 @@ impl<'a> Connection<'a> {
             }
             Closing::Flush => {}
         }
-        write_and_close(wr, &self.out[self.written..]).await;
+        write_and_close(wr, &self.out[self.written..]).await
     }
 }
 

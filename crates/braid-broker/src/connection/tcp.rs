@@ -97,8 +97,8 @@ async fn drive(
             return;
         }
     };
-    let (_, mut wr) = stream.split();
-    conn.finish(&mut wr, ending).await;
+    let (mut rd, mut wr) = stream.split();
+    conn.finish(&mut rd, &mut wr, ending).await;
 }
 
 /// True if bytes from the client (or its end of stream) wait in the socket's kernel buffer, not
