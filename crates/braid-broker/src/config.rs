@@ -706,8 +706,11 @@ impl Config {
                 return bad(&key, "must be drop_newest or drop_oldest (backpressure is for QoS 1/2)");
             }
         }
-        if self.session.max_queued_messages == 0 || self.session.max_queued_bytes == 0 {
-            return bad("session.max_queued_messages", "queue limits must be at least 1");
+        if self.session.max_queued_messages == 0 {
+            return bad("session.max_queued_messages", "must be at least 1");
+        }
+        if self.session.max_queued_bytes == 0 {
+            return bad("session.max_queued_bytes", "must be at least 1");
         }
         if self.quic.cert_file.is_empty() != self.quic.key_file.is_empty() {
             return bad(
@@ -856,6 +859,14 @@ mod tests {
     fn out_of_range_value_names_the_key() {
         let err = Config::load(None, &["mqtt.max_qos=3".into()]).unwrap_err().to_string();
         assert!(err.starts_with("mqtt.max_qos"), "{err}");
+    }
+
+    #[test]
+    fn each_queue_limit_is_reported_under_its_own_key() {
+        let err = Config::load(None, &["session.max_queued_bytes=0".into()]).unwrap_err().to_string();
+        assert!(err.starts_with("session.max_queued_bytes:"), "{err}");
+        let err = Config::load(None, &["session.max_queued_messages=0".into()]).unwrap_err().to_string();
+        assert!(err.starts_with("session.max_queued_messages:"), "{err}");
     }
 
     #[test]
