@@ -67,7 +67,8 @@ impl Server {
     pub async fn bind(config: Config) -> io::Result<Server> {
         Security::check(&config).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let addr = config.listeners.tcp;
-        let broker = Broker::open(config).map_err(|e| io::Error::other(e.to_string()))?;
+        let broker =
+            Broker::open(config).map_err(|e| io::Error::other(format!("store: {e}; refusing to start")))?;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
