@@ -188,6 +188,13 @@ def test_wrong_type_via_env_is_rejected():
     assert "mqtt.max_packet_size" in err
 
 
+@pytest.mark.parametrize("key", ["auth.password_file", "acl.file", "auth.jwt_key_file"])
+def test_auth_file_that_does_not_load_is_rejected(tmp_path, key):
+    code, err, _ = run_rejected(["--set", f'{key}="{tmp_path / "absent"}"'])
+    assert code == 2, err
+    assert f"invalid configuration: {key}:" in err, err
+
+
 def test_bad_value_in_file_is_rejected_even_when_env_is_fine(tmp_path):
     """Validation runs on the merged result, but a bad file value that a later layer does not
     override must still be caught."""

@@ -610,10 +610,85 @@ impl Default for StoreConfig {
     }
 }
 
-/// A configuration that could not be loaded; the message names the key and the problem.
+/// A configuration that could not be loaded.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(String);
+pub enum ConfigError {
+    /// A key with a value of the wrong type, an unknown key, or a value out of range.
+    #[error("{key}: {problem}")]
+    Key {
+        /// The key, as `section.key`.
+        key: String,
+        /// What is wrong with it (and, for values that did not parse, where the value came from).
+        problem: String,
+    },
+    /// The configuration file does not exist or cannot be read.
+    #[error("config file {}: {source}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why it cannot be read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `--set` item without `=`.
+    #[error("--set {item:?}: expected section.key=value")]
+    SetSyntax {
+        /// The item as given.
+        item: String,
+    },
+    /// Input that does not parse, at no key (a TOML syntax error).
+    #[error("{problem}")]
+    Parse {
+        /// What is wrong, with the line and where the input came from.
+        problem: String,
+    },
+}
+
+impl ConfigError {
+    /// `key` has a value that is not acceptable.
+    pub fn invalid(key: impl Into<String>, problem: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Key { key: key.into(), problem: problem.to_string() }
+    }
+
+    /// The key at fault, as `section.key`, when there is one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Key { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// Figment's errors, the first one's key path as the key; further errors (there are
+    /// several when more than one source fails) follow in the problem.
+    fn from_figment(err: figment::Error) -> ConfigError {
+        let mut key = None;
+        let mut problems = Vec::new();
+        for e in err {
+            let at = e.path.join(".");
+            let source = match e.metadata.as_ref() {
+                Some(m) => match &m.source {
+                    Some(src) => format!(" (from {} {src})", m.name),
+                    None => format!(" (from {})", m.name),
+                },
+                None => String::new(),
+            };
+            let problem = format!("{}{source}", e.kind);
+            if key.is_none() {
+                key = Some(at);
+                problems.push(problem);
+            } else if at.is_empty() {
+                problems.push(problem);
+            } else {
+                problems.push(format!("{at}: {problem}"));
+            }
+        }
+        let problem = problems.join("; ");
+        match key {
+            Some(key) if !key.is_empty() => ConfigError::Key { key, problem },
+            _ => ConfigError::Parse { problem },
+        }
+    }
+}
 
 const SECTIONS: [&str; 13] = [
     "listeners",
@@ -637,10 +712,10 @@ impl Config {
     pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
-            if !path.exists() {
-                return Err(ConfigError(format!("config file {} does not exist", path.display())));
-            }
-            figment = figment.merge(Toml::file_exact(path));
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::File { path: path.to_path_buf(), source })?;
+            let metadata = figment::Metadata::from("TOML file", path);
+            figment = figment.merge(Named { provider: Toml::string(&text), metadata });
         }
         figment = figment.merge(Env::prefixed("BRAID_").filter_map(|key| {
             let key = key.as_str().to_ascii_lowercase();
@@ -651,12 +726,14 @@ impl Config {
             })
         }));
         for item in overrides {
-            let (key, value) = item
-                .split_once('=')
-                .ok_or_else(|| ConfigError(format!("--set {item:?}: expected section.key=value")))?;
-            figment = figment.merge(SetFlag(Serialized::default(key.trim(), parse_value(value.trim()))));
+            let (key, value) =
+                item.split_once('=').ok_or_else(|| ConfigError::SetSyntax { item: item.clone() })?;
+            figment = figment.merge(Named {
+                provider: Serialized::default(key.trim(), parse_value(value.trim())),
+                metadata: figment::Metadata::named("--set/--listen flag"),
+            });
         }
-        let config: Config = figment.extract().map_err(|e| ConfigError(describe(e)))?;
+        let config: Config = figment.extract().map_err(ConfigError::from_figment)?;
         config.validate()?;
         Ok(config)
     }
@@ -675,7 +752,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key: &str, problem: &str| Err(ConfigError(format!("{key}: {problem}")));
+        let bad = |key: &str, problem: &str| Err(ConfigError::invalid(key, problem));
         if self.mqtt.max_qos > 2 {
             return bad("mqtt.max_qos", "must be 0, 1 or 2");
         }
@@ -706,14 +783,15 @@ impl Config {
                 return bad(&key, "must be drop_newest or drop_oldest (backpressure is for QoS 1/2)");
             }
         }
-        if self.session.max_queued_messages == 0 || self.session.max_queued_bytes == 0 {
-            return bad("session.max_queued_messages", "queue limits must be at least 1");
+        if self.session.max_queued_messages == 0 {
+            return bad("session.max_queued_messages", "must be at least 1");
+        }
+        if self.session.max_queued_bytes == 0 {
+            return bad("session.max_queued_bytes", "must be at least 1");
         }
         if self.quic.cert_file.is_empty() != self.quic.key_file.is_empty() {
-            return bad(
-                "quic.cert_file",
-                "quic.cert_file and quic.key_file go together: set both or neither",
-            );
+            let missing = if self.quic.cert_file.is_empty() { "quic.cert_file" } else { "quic.key_file" };
+            return bad(missing, "quic.cert_file and quic.key_file go together: set both or neither");
         }
         if let Err(e) = self.quic.pacing.parse::<braid_pacing::Pacing>() {
             return bad("quic.pacing", &e);
@@ -736,7 +814,6 @@ impl Config {
         if self.limits.max_topic_levels == 0 {
             return bad("limits.max_topic_levels", "must be at least 1");
         }
-        crate::auth::Security::check(self).map_err(ConfigError)?;
         if !self.listeners.ws_path.starts_with('/') {
             return bad("listeners.ws_path", "must start with /");
         }
@@ -744,8 +821,11 @@ impl Config {
             .into_iter()
             .find(|(_, addr)| addr.is_some());
         if let Some((listener, _)) = tls_listener {
-            if self.tls.cert.is_none() || self.tls.key.is_none() {
-                return bad("tls.cert", &format!("{listener} is set: tls.cert and tls.key are required"));
+            let missing = [("tls.cert", &self.tls.cert), ("tls.key", &self.tls.key)]
+                .into_iter()
+                .find_map(|(key, path)| path.is_none().then_some(key));
+            if let Some(key) = missing {
+                return bad(key, &format!("{listener} is set: tls.cert and tls.key are required"));
             }
         }
         if self.tls.client_auth != ClientAuth::None && self.tls.client_ca.is_none() {
@@ -773,39 +853,21 @@ fn parse_value(text: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(text.to_string()))
 }
 
-/// One `--set` override as a figment provider, so that errors name the flag as their source.
-struct SetFlag(Serialized<toml::Value>);
+/// A figment provider under the name errors give as the value's source: the config file (read
+/// here, so that a missing one is a [`ConfigError::File`]) or a `--set` flag.
+struct Named<P> {
+    provider: P,
+    metadata: figment::Metadata,
+}
 
-impl figment::Provider for SetFlag {
+impl<P: figment::Provider> figment::Provider for Named<P> {
     fn metadata(&self) -> figment::Metadata {
-        figment::Metadata::named("--set/--listen flag")
+        self.metadata.clone()
     }
 
     fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
-        self.0.data()
+        self.provider.data()
     }
-}
-
-/// Figment's errors, one line each, naming the key path.
-fn describe(err: figment::Error) -> String {
-    err.into_iter()
-        .map(|e| {
-            let key = e.path.join(".");
-            let source = match e.metadata.as_ref() {
-                Some(m) => match &m.source {
-                    Some(src) => format!(" (from {} {src})", m.name),
-                    None => format!(" (from {})", m.name),
-                },
-                None => String::new(),
-            };
-            if key.is_empty() {
-                format!("{}{source}", e.kind)
-            } else {
-                format!("{key}: {}{source}", e.kind)
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 #[cfg(test)]
@@ -842,8 +904,9 @@ mod tests {
     fn unknown_key_is_named() {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         writeln!(f, "[mqtt]\nmax_infligt = 7").unwrap();
-        let err = Config::load(Some(f.path()), &[]).unwrap_err().to_string();
-        assert!(err.contains("max_infligt"), "{err}");
+        let err = Config::load(Some(f.path()), &[]).unwrap_err();
+        assert_eq!(err.key(), Some("mqtt.max_infligt"), "{err}");
+        assert!(err.to_string().contains(&*f.path().to_string_lossy()), "{err}");
     }
 
     #[test]
@@ -856,6 +919,68 @@ mod tests {
     fn out_of_range_value_names_the_key() {
         let err = Config::load(None, &["mqtt.max_qos=3".into()]).unwrap_err().to_string();
         assert!(err.starts_with("mqtt.max_qos"), "{err}");
+    }
+
+    /// The error `Config::load` returns for `overrides`.
+    fn rejected(overrides: &[&str]) -> ConfigError {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        Config::load(None, &overrides).unwrap_err()
+    }
+
+    #[test]
+    fn each_queue_limit_is_reported_under_its_own_key() {
+        let err = rejected(&["session.max_queued_bytes=0"]);
+        assert_eq!(err.key(), Some("session.max_queued_bytes"), "{err}");
+        assert!(err.to_string().starts_with("session.max_queued_bytes: "), "{err}");
+        let err = rejected(&["session.max_queued_messages=0"]);
+        assert_eq!(err.key(), Some("session.max_queued_messages"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_own_key() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["mqtt.max_packet_size=8"], "mqtt.max_packet_size"),
+            (&["mqtt.max_inflight=0"], "mqtt.max_inflight"),
+            (&["mqtt.max_inflight=\"many\""], "mqtt.max_inflight"),
+            (&["mqtt.max_infligt=7"], "mqtt.max_infligt"),
+            (&["quic.pacing=\"fast\""], "quic.pacing"),
+            (&["quic.cert_file=\"cert.pem\""], "quic.key_file"),
+            (&["quic.key_file=\"key.pem\""], "quic.cert_file"),
+            (&["listeners.wss=\"0.0.0.0:8084\"", "tls.cert=\"cert.pem\""], "tls.key"),
+            (&["listeners.ws_path=\"mqtt\""], "listeners.ws_path"),
+            (&["auth.jwt_algorithm=\"none\""], "auth.jwt_algorithm"),
+            (&["store.data_dir=\"\""], "store.data_dir"),
+            (&["session.listeners.ws.max_queued_messages=5"], "session.listeners.ws.max_queued_messages"),
+        ];
+        for (overrides, key) in cases {
+            let err = rejected(overrides);
+            assert_eq!(err.key(), Some(*key), "{overrides:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_missing_file_is_named_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.toml");
+        match Config::load(Some(&path), &[]) {
+            Err(err @ ConfigError::File { .. }) => {
+                assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+                assert!(std::error::Error::source(&err).is_some());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_input_without_a_key() {
+        let err = rejected(&["mqtt.max_inflight"]);
+        assert!(matches!(&err, ConfigError::SetSyntax { item } if item == "mqtt.max_inflight"), "{err:?}");
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "[mqtt\nmax_inflight = ").unwrap();
+        let err = Config::load(Some(f.path()), &[]).unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }) && err.key().is_none(), "{err:?}");
+        assert!(err.to_string().contains("line 1"), "{err}");
+        assert!(err.to_string().contains(&*f.path().to_string_lossy()), "{err}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use braid_proto::ReasonCode;
 
 use crate::admission::Admission;
+use crate::auth::Security;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::listener::{self, Listeners};
@@ -59,11 +60,15 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the store (reloading persisted sessions) and binds every configured listener.
-    /// Unusable TLS files are an `InvalidInput` error that names the key and the file.
+    /// Checks the authentication and ACL files ([`Security::check`]), opens the store
+    /// (reloading persisted sessions) and binds every configured listener. Auth or ACL files
+    /// that do not load and unusable TLS files are an `InvalidInput` error that names the key
+    /// and the file (for the former, its inner error is the [`crate::config::ConfigError`]).
     pub async fn bind(config: Config) -> io::Result<Server> {
+        Security::check(&config).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let addr = config.listeners.tcp;
-        let broker = Broker::open(config).map_err(|e| io::Error::other(e.to_string()))?;
+        let broker =
+            Broker::open(config).map_err(|e| io::Error::other(format!("store: {e}; refusing to start")))?;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;

@@ -7,6 +7,8 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use braid_broker::auth::Security;
+use braid_broker::config::ConfigError;
 use common::*;
 use ReasonCode::NotAuthorized;
 
@@ -221,17 +223,24 @@ async fn rules_reload_applies_to_connected_clients() {
     c.publish_and_ack("b/1", QoS::AtLeastOnce, b"x", 3).await;
 }
 
-#[test]
-fn a_bad_rules_file_stops_the_broker_naming_the_key_and_line() {
+#[tokio::test]
+async fn a_bad_rules_or_password_file_stops_the_broker_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("acl");
-    std::fs::write(&path, "allow all both a\nallow everyone both b\n").unwrap();
-    let set = format!("acl.file=\"{}\"", path.display());
-    let err = Config::load(None, &[set]).unwrap_err().to_string();
-    assert!(err.starts_with("acl.file:") && err.contains("line 2"), "{err}");
-    let err =
-        Config::load(None, &["auth.password_file=\"/nonexistent/passwd\"".into()]).unwrap_err().to_string();
-    assert!(err.starts_with("auth.password_file:"), "{err}");
-    let err = Config::load(None, &["auth.jwt_algorithm=\"none\"".into()]).unwrap_err().to_string();
-    assert!(err.starts_with("auth.jwt_algorithm:"), "{err}");
+    let (config, _) = acl_config(&dir, "allow all both a\nallow everyone both b\n");
+    let err = Security::check(&config).unwrap_err();
+    assert_eq!(err.key(), Some("acl.file"), "{err}");
+    assert!(err.to_string().contains("line 2"), "{err}");
+    let refused = |e: std::io::Error| {
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        let inner = e.get_ref().and_then(|e| e.downcast_ref::<ConfigError>()).expect("a ConfigError");
+        inner.key().map(str::to_string)
+    };
+    let err = Server::bind(config).await.err().expect("the broker must not start");
+    assert_eq!(refused(err).as_deref(), Some("acl.file"));
+    let mut config = Config::embedded();
+    config.auth.password_file = Some("/nonexistent/passwd".into());
+    let err = Server::bind(config).await.err().expect("the broker must not start");
+    assert_eq!(refused(err).as_deref(), Some("auth.password_file"));
+    let err = Config::load(None, &["auth.jwt_algorithm=\"none\"".into()]).unwrap_err();
+    assert_eq!(err.key(), Some("auth.jwt_algorithm"), "{err}");
 }

@@ -10,6 +10,8 @@ use std::path::Path;
 
 use braid_proto::topic::{matches, valid_topic_filter};
 
+use super::{FileError, LineError};
+
 /// What a rule is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
@@ -55,14 +57,14 @@ pub struct AclRules {
 
 impl AclRules {
     /// Parses rules `text`; the error names the line and the problem.
-    pub fn parse(text: &str, default_allow: bool) -> Result<AclRules, String> {
+    pub fn parse(text: &str, default_allow: bool) -> Result<AclRules, LineError> {
         let mut rules = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let bad = |problem: String| Err(format!("line {}: {problem}", n + 1));
+            let bad = |problem: String| Err(LineError { line: n + 1, problem });
             let words: Vec<&str> = line.split_whitespace().collect();
             let [verdict, who, action, filter] = words[..] else {
                 return bad(format!("expected `allow|deny WHO ACTION FILTER`, got {line:?}"));
@@ -94,10 +96,8 @@ impl AclRules {
     }
 
     /// Reads and parses the rules file at `path`.
-    pub fn load(path: &Path, default_allow: bool) -> Result<AclRules, String> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        AclRules::parse(&text, default_allow).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path, default_allow: bool) -> Result<AclRules, FileError> {
+        super::load_file(path, |text| AclRules::parse(text, default_allow))
     }
 
     /// The rules that apply to a client, placeholders filled in.
@@ -341,8 +341,9 @@ mod tests {
     #[test]
     fn bad_lines_are_named() {
         let err = AclRules::parse("allow all both a\npermit all both a", false).unwrap_err();
-        assert!(err.starts_with("line 2:"), "{err}");
-        assert!(AclRules::parse("allow all read a", false).unwrap_err().contains("read"));
+        assert_eq!(err.line, 2, "{err}");
+        assert!(err.to_string().starts_with("line 2: "), "{err}");
+        assert!(AclRules::parse("allow all read a", false).unwrap_err().problem.contains("read"));
         assert!(AclRules::parse("allow user: both a", false).is_err());
         assert!(AclRules::parse("allow all both a/#/b", false).is_err());
     }

@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 
 use braid_proto::{Connect, ReasonCode};
 
-use crate::config::{AclPolicy, Config};
+use crate::config::{AclPolicy, Config, ConfigError};
 use acl::{AclRules, ClientAcl};
 use http::HttpHook;
 use jwt::{AclClaim, JwtVerifier};
@@ -53,6 +53,46 @@ fn refuse(reason: ReasonCode, detail: impl Into<String>) -> Refusal {
     Refusal { reason, detail: detail.into() }
 }
 
+/// A line of a password or ACL rules file that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {problem}")]
+pub struct LineError {
+    /// The line number, from 1.
+    pub line: usize,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// A password or ACL rules file that cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line of the file does not parse.
+    #[error("{}: {source}", path.display())]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// The line and the problem.
+        #[source]
+        source: LineError,
+    },
+}
+
+/// Reads the file at `path` and parses its text with `parse`.
+fn load_file<T>(path: &Path, parse: impl FnOnce(&str) -> Result<T, LineError>) -> Result<T, FileError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| FileError::Read { path: path.into(), source })?;
+    parse(&text).map_err(|source| FileError::Line { path: path.into(), source })
+}
+
 /// Size and modification time of a watched file.
 type Stamp = Option<(SystemTime, u64)>;
 
@@ -79,28 +119,31 @@ pub struct Security {
 }
 
 impl Security {
-    /// Checks that every configured file loads, naming the key and the problem otherwise.
-    pub fn check(config: &Config) -> Result<(), String> {
+    /// Checks that every file and URL `config` names for authentication and authorization
+    /// loads, naming the key and the problem otherwise. [`crate::Server::bind`] runs it before
+    /// anything starts.
+    pub fn check(config: &Config) -> Result<(), ConfigError> {
         let a = &config.auth;
         if let Some(path) = &a.password_file {
-            PasswordFile::load(path).map_err(|e| format!("auth.password_file: {e}"))?;
+            PasswordFile::load(path).map_err(|e| ConfigError::invalid("auth.password_file", e))?;
         }
         if let Some(path) = &a.jwt_key_file {
             JwtVerifier::load(&a.jwt_algorithm, path, &a.jwt_acl_claim)
-                .map_err(|e| format!("auth.jwt_key_file: {e}"))?;
+                .map_err(|e| ConfigError::invalid("auth.jwt_key_file", e))?;
         }
         if let Some(url) = &a.http_url {
             HttpHook::new(url, Duration::from_millis(a.http_timeout_ms))
-                .map_err(|e| format!("auth.http_url: {e}"))?;
+                .map_err(|e| ConfigError::invalid("auth.http_url", e))?;
         }
         if let Some(path) = &config.acl.file {
-            AclRules::load(path, true).map_err(|e| format!("acl.file: {e}"))?;
+            AclRules::load(path, true).map_err(|e| ConfigError::invalid("acl.file", e))?;
         }
         Ok(())
     }
 
-    /// Loads what `config` names. A file that fails to load (the configuration was checked
-    /// with [`Security::check`], so only a race gets here) fails closed: no users, no topics.
+    /// Loads what `config` names. A file that fails to load ([`crate::Server::bind`] checks
+    /// the configuration with [`Security::check`] first, so there only a race gets here) fails
+    /// closed: no users, no topics.
     pub fn new(config: &Config) -> Security {
         let a = &config.auth;
         let jwt = a.jwt_key_file.as_ref().and_then(|path| {

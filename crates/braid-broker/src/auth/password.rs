@@ -11,6 +11,8 @@ use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 
+use super::{FileError, LineError};
+
 /// Users and their password hashes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PasswordFile {
@@ -19,14 +21,14 @@ pub struct PasswordFile {
 
 impl PasswordFile {
     /// Parses the file's text; the error names the line and the problem.
-    pub fn parse(text: &str) -> Result<PasswordFile, String> {
+    pub fn parse(text: &str) -> Result<PasswordFile, LineError> {
         let mut users = BTreeMap::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let bad = |problem: &str| Err(format!("line {}: {problem}", n + 1));
+            let bad = |problem: &str| Err(LineError { line: n + 1, problem: problem.into() });
             let Some((user, hash)) = line.split_once(':') else {
                 return bad("expected username:hash");
             };
@@ -44,10 +46,8 @@ impl PasswordFile {
     }
 
     /// Reads and parses the file at `path`.
-    pub fn load(path: &Path) -> Result<PasswordFile, String> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        PasswordFile::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<PasswordFile, FileError> {
+        super::load_file(path, PasswordFile::parse)
     }
 
     /// Writes the file (mode 0600) by replacing it atomically.
@@ -144,8 +144,15 @@ mod tests {
 
     #[test]
     fn bad_lines_are_named() {
-        assert!(PasswordFile::parse("# c\n\nalice").unwrap_err().starts_with("line 3:"));
-        assert!(PasswordFile::parse("alice:plaintext").unwrap_err().contains("PHC"));
+        assert_eq!(PasswordFile::parse("# c\n\nalice").unwrap_err().line, 3);
+        assert!(PasswordFile::parse("alice:plaintext").unwrap_err().problem.contains("PHC"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("passwd");
+        assert!(matches!(PasswordFile::load(&path), Err(FileError::Read { path: p, .. }) if p == path));
+        std::fs::write(&path, "alice").unwrap();
+        let err = PasswordFile::load(&path).unwrap_err();
+        assert!(matches!(&err, FileError::Line { source, .. } if source.line == 1), "{err:?}");
+        assert_eq!(err.to_string(), format!("{}: line 1: expected username:hash", path.display()));
         assert!(PasswordFile::default().set("a:b", b"x").is_err());
     }
 }

@@ -10,10 +10,10 @@ use braid_proto::ByteString;
 
 use super::queue::{Item, OnDisk, Queue};
 use crate::message::Delivery;
-use crate::store::{Op, SessionRecord, Stage, Store, Stored, Ticket};
+use crate::store::{Op, SessionRecord, Stage, Store, StoreError, Stored, Ticket};
 
 /// The deliveries of a session read back from the store.
-pub type Restore = oneshot::Receiver<Result<Vec<Stored>, String>>;
+pub type Restore = oneshot::Receiver<Result<Vec<Stored>, StoreError>>;
 
 /// Store state of one persistent session.
 #[derive(Debug)]

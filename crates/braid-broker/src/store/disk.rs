@@ -26,7 +26,7 @@ use crate::config::{Durability, StoreConfig};
 use crate::message::Message;
 
 /// Marks a directory as a Braid store and names the format version.
-const MARKER: &str = "braid-store";
+pub(super) const MARKER: &str = "braid-store";
 const MARKER_TEXT: &str = "braid store format 1\n";
 /// First bytes of every segment file.
 const SEGMENT_MAGIC: &[u8; 16] = b"BRAID-SEGMENT-1\n";
@@ -126,7 +126,7 @@ impl DiskStore {
         let writer = std::thread::Builder::new()
             .name("braid-store".into())
             .spawn(move || log.run(&writer_shared, &tx, sync, interval))
-            .map_err(|e| StoreError(format!("cannot start the writer thread: {e}")))?;
+            .map_err(StoreError::Thread)?;
         Ok(DiskStore {
             shared,
             sync,
@@ -181,43 +181,35 @@ impl Drop for DiskStore {
 
 /// Creates `dir` or checks it is a Braid store; takes its lock so no second broker opens it.
 fn prepare_dir(dir: &Path) -> Result<File, StoreError> {
-    let err = |what: &str, e: io::Error| StoreError(format!("{}: {what}: {e}", dir.display()));
-    fs::create_dir_all(dir).map_err(|e| err("cannot create the data directory", e))?;
     let marker = dir.join(MARKER);
+    fs::create_dir_all(dir).map_err(io_error(dir, "cannot create the data directory"))?;
     match fs::read_to_string(&marker) {
         Ok(text) if text == MARKER_TEXT => {}
-        Ok(_) => {
-            return Err(StoreError(format!(
-                "{}: not a Braid store of a format this version reads; refusing to start",
-                marker.display()
-            )))
-        }
+        Ok(_) => return Err(StoreError::UnknownFormat { marker }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let foreign = fs::read_dir(dir)
-                .map_err(|e| err("cannot list the data directory", e))?
+                .map_err(io_error(dir, "cannot list the data directory"))?
                 .filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .find(|n| n != "lost+found");
-            if let Some(name) = foreign {
-                return Err(StoreError(format!(
-                    "{}: not a Braid data directory (no {MARKER} file, but it holds {name}); refusing to \
-                     start: set store.data_dir to an empty or new directory",
-                    dir.display()
-                )));
+            if let Some(found) = foreign {
+                return Err(StoreError::Foreign { dir: dir.into(), found });
             }
-            fs::write(&marker, MARKER_TEXT).map_err(|e| err("cannot write the store marker", e))?;
+            fs::write(&marker, MARKER_TEXT).map_err(io_error(&marker, "cannot write the store marker"))?;
         }
-        Err(e) => return Err(err("cannot read the store marker", e)),
+        Err(e) => return Err(io_error(&marker, "cannot read the store marker")(e)),
     }
-    let lock = File::open(&marker).map_err(|e| err("cannot open the store marker", e))?;
+    let lock = File::open(&marker).map_err(io_error(&marker, "cannot open the store marker"))?;
     match lock.try_lock() {
         Ok(()) => Ok(lock),
-        Err(fs::TryLockError::WouldBlock) => Err(StoreError(format!(
-            "{}: the data directory is in use by another broker; refusing to start",
-            dir.display()
-        ))),
-        Err(fs::TryLockError::Error(e)) => Err(err("cannot lock the data directory", e)),
+        Err(fs::TryLockError::WouldBlock) => Err(StoreError::InUse { dir: dir.into() }),
+        Err(fs::TryLockError::Error(e)) => Err(io_error(&marker, "cannot lock the data directory")(e)),
     }
+}
+
+/// What turns the error of `what` on `path` into a [`StoreError::Io`].
+fn io_error<'a>(path: &'a Path, what: &'static str) -> impl Fn(io::Error) -> StoreError + Copy + 'a {
+    move |source| StoreError::Io { path: path.into(), what, source }
 }
 
 fn segment_name(n: u32) -> String {
@@ -256,19 +248,14 @@ impl Log {
     /// else refuses the start, naming the file and offset.
     fn recover(&mut self) -> Result<Recovered, StoreError> {
         let mut numbers = Vec::new();
-        for entry in
-            fs::read_dir(&self.dir).map_err(|e| StoreError(format!("{}: {e}", self.dir.display())))?
-        {
+        for entry in fs::read_dir(&self.dir).map_err(io_error(&self.dir, "cannot list the data directory"))? {
             let Ok(entry) = entry else { continue };
             let name = entry.file_name().to_string_lossy().into_owned();
             if let Some(n) = name.strip_suffix(".seg") {
                 match n.parse::<u32>() {
                     Ok(n) if name == segment_name(n) => numbers.push(n),
                     _ => {
-                        return Err(StoreError(format!(
-                            "{}: unexpected file in the store; refusing to start",
-                            entry.path().display()
-                        )))
+                        return Err(StoreError::NotSegment { path: entry.path(), problem: "unexpected name" })
                     }
                 }
             }
@@ -279,19 +266,22 @@ impl Log {
         for (i, &n) in numbers.iter().enumerate() {
             let last = i + 1 == numbers.len();
             let path = self.path(n);
-            let fail = |what: String| StoreError(format!("{}: {what}; refusing to start", path.display()));
-            let data = fs::read(&path).map_err(|e| fail(format!("cannot read: {e}")))?;
-            let file =
-                OpenOptions::new().read(true).append(true).open(&path).map_err(|e| fail(e.to_string()))?;
+            let data = fs::read(&path).map_err(io_error(&path, "cannot read the segment"))?;
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&path)
+                .map_err(io_error(&path, "cannot open the segment"))?;
             if data.len() < SEGMENT_MAGIC.len() || &data[..SEGMENT_MAGIC.len()] != SEGMENT_MAGIC {
                 if last && data.len() < SEGMENT_MAGIC.len() && SEGMENT_MAGIC.starts_with(&data) {
                     // Created but its header not written when the broker stopped: empty.
-                    file.set_len(0).map_err(|e| fail(e.to_string()))?;
-                    (&file).write_all(SEGMENT_MAGIC).map_err(|e| fail(e.to_string()))?;
+                    let header = io_error(&path, "cannot write the segment header");
+                    file.set_len(0).map_err(header)?;
+                    (&file).write_all(SEGMENT_MAGIC).map_err(header)?;
                     self.segs.insert(n, Segment { file, size: SEGMENT_MAGIC.len() as u64, live: 0 });
                     continue;
                 }
-                return Err(fail("not a Braid segment (bad header)".into()));
+                return Err(StoreError::NotSegment { path, problem: "bad header" });
             }
             self.segs.insert(n, Segment { file, size: data.len() as u64, live: 0 });
             let mut off = SEGMENT_MAGIC.len();
@@ -307,21 +297,22 @@ impl Log {
                              a crash; with sync durability nothing in it was acknowledged)"
                         );
                         let seg = self.segs.get_mut(&n).expect("inserted above");
-                        seg.file.set_len(off as u64).map_err(|e| fail(e.to_string()))?;
-                        seg.file.sync_all().map_err(|e| fail(e.to_string()))?;
+                        let cut = io_error(&path, "cannot cut off the torn tail");
+                        seg.file.set_len(off as u64).map_err(cut)?;
+                        seg.file.sync_all().map_err(cut)?;
                         seg.size = off as u64;
                         break;
                     }
-                    Err(why) => return Err(fail(format!("damaged record at offset {off}: {why}"))),
+                    Err(why) => return Err(self.damaged(n, off as u64, why)),
                 };
                 let loc = Loc { seg: n, off: off as u64, len: len as u32 };
                 self.replay(k, body, loc, &mut retained, &mut metas)
-                    .map_err(|why| fail(format!("bad record at offset {off}: {why}")))?;
+                    .map_err(|why| self.damaged(n, loc.off, why))?;
                 off += len;
             }
         }
         if numbers.is_empty() {
-            self.new_segment(1).map_err(|e| StoreError(format!("{}: {e}", self.path(1).display())))?;
+            self.new_segment(1).map_err(io_error(&self.path(1), "cannot create the first segment"))?;
         }
         self.head = *self.segs.keys().next_back().unwrap_or(&1);
         self.rebuild(retained, metas)
@@ -414,7 +405,7 @@ impl Log {
         let now = std::time::Instant::now();
         let mut out = Recovered { next_session_id: self.index.max_session + 1, ..Default::default() };
         for (topic, (loc, body)) in retained {
-            let msg = record::read_retain(&body).map_err(|e| self.damaged(loc, e))?;
+            let msg = record::read_retain(&body).map_err(|e| self.damaged(loc.seg, loc.off, e))?;
             if msg.is_expired(now) {
                 // Purged now, with a clearing record, so it is not read again next time.
                 live(&mut self.segs, loc, false);
@@ -430,7 +421,8 @@ impl Log {
                 orphans.push(id);
                 continue;
             };
-            let record = record::read_session(body).map_err(|e| self.damaged(s.meta.expect("meta"), e))?;
+            let meta = s.meta.expect("meta");
+            let record = record::read_session(body).map_err(|e| self.damaged(meta.seg, meta.off, e))?;
             let queued = s.msgs.iter().map(|(seq, m)| (*seq, m.loc.len as usize)).collect();
             out.sessions.push(RecoveredSession {
                 record,
@@ -447,16 +439,13 @@ impl Log {
             drop_session(&mut self.segs, s);
             self.end_session(id);
         }
-        self.write().map_err(|e| StoreError(format!("{}: {e}", self.path(self.head).display())))?;
+        self.write().map_err(io_error(&self.path(self.head), "cannot write the segment"))?;
         Ok(out)
     }
 
-    fn damaged(&self, loc: Loc, why: String) -> StoreError {
-        StoreError(format!(
-            "{}: bad record at offset {}: {why}; refusing to start",
-            self.path(loc.seg).display(),
-            loc.off
-        ))
+    /// The record at `offset` of segment `seg` does not read back.
+    fn damaged(&self, seg: u32, offset: u64, problem: String) -> StoreError {
+        StoreError::Damaged { segment: self.path(seg), offset, problem }
     }
 
     fn new_segment(&mut self, n: u32) -> io::Result<()> {
@@ -479,14 +468,18 @@ impl Log {
     }
 
     /// Reads the record at `loc` (from the batch if not yet written).
-    fn read(&self, loc: Loc) -> Result<Vec<u8>, String> {
-        let seg = self.segs.get(&loc.seg).ok_or("segment gone")?;
+    fn read(&self, loc: Loc) -> io::Result<Vec<u8>> {
+        let seg = self.segs.get(&loc.seg).ok_or_else(|| io::Error::other("segment gone"))?;
         let mut data = vec![0; loc.len as usize];
         if loc.seg == self.head && loc.off >= seg.size {
             let at = (loc.off - seg.size) as usize;
-            data.copy_from_slice(self.buf.get(at..at + loc.len as usize).ok_or("record beyond the batch")?);
+            let batch = self
+                .buf
+                .get(at..at + loc.len as usize)
+                .ok_or_else(|| io::Error::other("record beyond the batch"))?;
+            data.copy_from_slice(batch);
         } else {
-            seg.file.read_exact_at(&mut data, loc.off).map_err(|e| e.to_string())?;
+            seg.file.read_exact_at(&mut data, loc.off)?;
         }
         Ok(data)
     }
@@ -562,19 +555,17 @@ impl Log {
         }
     }
 
-    fn load(&self, session: u64) -> Result<Vec<Stored>, String> {
+    fn load(&self, session: u64) -> Result<Vec<Stored>, StoreError> {
         let Some(s) = self.index.sessions.get(&session) else { return Ok(Vec::new()) };
         let mut out = Vec::with_capacity(s.msgs.len());
         for m in s.msgs.values() {
-            let frame = self.read(m.loc)?;
-            let Some((kind::APPEND, body, _)) = record::unframe(&frame)? else {
-                return Err(format!(
-                    "{}: offset {}: not a delivery",
-                    self.path(m.loc.seg).display(),
-                    m.loc.off
-                ));
+            let damaged = |problem: String| self.damaged(m.loc.seg, m.loc.off, problem);
+            let frame =
+                self.read(m.loc).map_err(io_error(&self.path(m.loc.seg), "cannot read a queued delivery"))?;
+            let Some((kind::APPEND, body, _)) = record::unframe(&frame).map_err(damaged)? else {
+                return Err(damaged("not a delivery".into()));
             };
-            let (seq, delivery) = record::read_append(body)?;
+            let (seq, delivery) = record::read_append(body).map_err(damaged)?;
             out.push(Stored { seq, stage: m.stage, delivery });
         }
         Ok(out)
@@ -644,7 +635,7 @@ impl Log {
         }
         moves.extend(self.index.retained.values().filter(|l| l.seg == n).map(|l| (*l, None)));
         for (loc, msg) in moves {
-            let frame = self.read(loc).map_err(bad)?;
+            let frame = self.read(loc)?;
             let Some((k, body, _)) = record::unframe(&frame).map_err(bad)? else { continue };
             let body = body.to_vec();
             let new = self.put(k, &body);
@@ -855,6 +846,65 @@ mod tests {
             ]
         );
         assert_eq!((loaded[0].delivery.qos, loaded[0].delivery.sub_id), (QoS::ExactlyOnce, Some(7)));
+    }
+
+    #[test]
+    fn damage_is_reported_with_the_segment_and_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = DiskStore::open(&config(dir.path())).unwrap();
+            for topic in ["r/1", "r/2"] {
+                let msg = Message::internal(ByteString::from_static(topic), Bytes::from_static(b"x"), true);
+                store.submit(Op::Retain(msg));
+            }
+            store.close();
+        }
+        let segment = dir.path().join(segment_name(1));
+        let mut data = fs::read(&segment).unwrap();
+        let first = SEGMENT_MAGIC.len();
+        data[first + record::FRAME_HEADER] ^= 0xFF;
+        fs::write(&segment, data).unwrap();
+        match DiskStore::open(&config(dir.path())) {
+            Err(StoreError::Damaged { segment: at, offset, problem }) => {
+                assert_eq!((at, offset), (segment, first as u64));
+                assert_eq!(problem, "record checksum mismatch");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_foreign_or_busy_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        match DiskStore::open(&config(dir.path())) {
+            Err(StoreError::Foreign { dir: at, found }) => {
+                assert_eq!((at.as_path(), found.as_str()), (dir.path(), "notes.txt"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let _open = DiskStore::open(&config(dir.path())).unwrap();
+        match DiskStore::open(&config(dir.path())) {
+            Err(StoreError::InUse { dir: at }) => assert_eq!(at, dir.path()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_system_error_carries_the_path_and_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        fs::write(&file, "").unwrap();
+        let data_dir = file.join("data");
+        let err = DiskStore::open(&config(&data_dir)).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Io { path, what: "cannot create the data directory", .. } if *path == data_dir),
+            "{err:?}"
+        );
+        let source = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<io::Error>());
+        assert!(source.is_some(), "{err:?}");
+        assert!(err.to_string().starts_with(&format!("{}: cannot create", data_dir.display())), "{err}");
     }
 
     #[test]

@@ -11,6 +11,8 @@ mod record;
 pub use record::unix_now;
 
 use std::fmt;
+use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::{oneshot, watch};
@@ -109,7 +111,7 @@ pub enum Op {
         /// Session key.
         session: u64,
         /// Where the deliveries go.
-        reply: oneshot::Sender<Result<Vec<Stored>, String>>,
+        reply: oneshot::Sender<Result<Vec<Stored>, StoreError>>,
     },
 }
 
@@ -165,10 +167,68 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn close(&self);
 }
 
-/// A store that could not be opened; the message names the file and the problem.
+/// A store that could not be opened, or a record that could not be read back.
 #[derive(Debug, thiserror::Error)]
-#[error("store: {0}")]
-pub struct StoreError(pub String);
+pub enum StoreError {
+    /// A file system operation on the data directory or a file in it failed.
+    #[error("{}: {what}: {source}", path.display())]
+    Io {
+        /// The directory or file.
+        path: PathBuf,
+        /// What was being done, e.g. "cannot create the data directory".
+        what: &'static str,
+        /// The error of the operation.
+        #[source]
+        source: io::Error,
+    },
+    /// The store marker names a format this version does not read.
+    #[error("{}: not a Braid store of a format this version reads", marker.display())]
+    UnknownFormat {
+        /// The marker file.
+        marker: PathBuf,
+    },
+    /// The data directory holds files but no store marker: something else's directory.
+    #[error(
+        "{}: not a Braid data directory (no {} file, but it holds {found}): set store.data_dir to an \
+         empty or new directory",
+        dir.display(),
+        disk::MARKER
+    )]
+    Foreign {
+        /// The data directory.
+        dir: PathBuf,
+        /// One of the files it holds.
+        found: String,
+    },
+    /// Another broker holds the data directory's lock.
+    #[error("{}: the data directory is in use by another broker", dir.display())]
+    InUse {
+        /// The data directory.
+        dir: PathBuf,
+    },
+    /// A file named like a segment whose name or header is not a segment's.
+    #[error("{}: not a Braid segment ({problem})", path.display())]
+    NotSegment {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// A record in a segment that does not read back: cut short, failing its checksum, or
+    /// not decoding.
+    #[error("{}: damaged record at offset {offset}: {problem}", segment.display())]
+    Damaged {
+        /// The segment file.
+        segment: PathBuf,
+        /// Byte offset of the record in the segment.
+        offset: u64,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The thread that writes the store could not be started.
+    #[error("cannot start the writer thread: {0}")]
+    Thread(#[source] io::Error),
+}
 
 /// Opens the store `config` describes (recovering a disk store's contents).
 pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {

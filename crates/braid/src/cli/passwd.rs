@@ -40,7 +40,11 @@ pub fn run(args: PasswdArgs) -> ExitCode {
 
 fn passwd(args: PasswdArgs) -> Result<String, String> {
     let path = &args.file;
-    let mut file = if path.exists() { PasswordFile::load(path)? } else { PasswordFile::default() };
+    let mut file = if path.exists() {
+        PasswordFile::load(path).map_err(|e| e.to_string())?
+    } else {
+        PasswordFile::default()
+    };
     let msg = if args.delete {
         if !file.remove(&args.user) {
             return Err(format!("user {:?} is not in {}", args.user, path.display()));
