@@ -9,6 +9,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::transport::{PerTransport, Transport};
+
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -253,47 +255,6 @@ pub enum OverflowPolicy {
     DropOldest,
 }
 
-/// A listener (transport) clients connect through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// MQTT over TCP.
-    Tcp,
-    /// MQTT over TLS.
-    Tls,
-    /// MQTT over WebSocket.
-    Ws,
-    /// MQTT over WebSocket over TLS.
-    Wss,
-    /// MQTT over QUIC.
-    Quic,
-}
-
-impl Transport {
-    /// Every transport, in declaration order (`transport as usize` indexes it).
-    pub const ALL: [Transport; 5] =
-        [Transport::Tcp, Transport::Tls, Transport::Ws, Transport::Wss, Transport::Quic];
-
-    /// Its key under `[listeners]` and `[session.listeners]`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Transport::Tcp => "tcp",
-            Transport::Tls => "tls",
-            Transport::Ws => "ws",
-            Transport::Wss => "wss",
-            Transport::Quic => "quic",
-        }
-    }
-}
-
-// `transport as usize` indexes `Transport::ALL` (and arrays built from it).
-const _: () = {
-    let mut i = 0;
-    while i < Transport::ALL.len() {
-        assert!(Transport::ALL[i] as usize == i);
-        i += 1;
-    }
-};
-
 /// Queue policies for the sessions of clients that connect through one listener; unset keys
 /// keep `[session]`'s.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -308,33 +269,7 @@ pub struct QueuePolicy {
 }
 
 /// Per-listener queue policies (`[session.listeners.<transport>]`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ListenerPolicies {
-    /// Clients on the TCP listener.
-    pub tcp: QueuePolicy,
-    /// Clients on the TLS listener.
-    pub tls: QueuePolicy,
-    /// Clients on the WebSocket listener.
-    pub ws: QueuePolicy,
-    /// Clients on the WebSocket-over-TLS listener.
-    pub wss: QueuePolicy,
-    /// Clients on the QUIC listener.
-    pub quic: QueuePolicy,
-}
-
-impl ListenerPolicies {
-    /// The policy of clients on `transport`'s listener.
-    pub fn get(&self, transport: Transport) -> &QueuePolicy {
-        match transport {
-            Transport::Tcp => &self.tcp,
-            Transport::Tls => &self.tls,
-            Transport::Ws => &self.ws,
-            Transport::Wss => &self.wss,
-            Transport::Quic => &self.quic,
-        }
-    }
-}
+pub type ListenerPolicies = PerTransport<QueuePolicy>;
 
 /// Session and queue settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]

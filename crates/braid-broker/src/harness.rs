@@ -22,9 +22,9 @@ use braid_proto::{
 };
 
 use crate::broker::{Accepted, Broker, Ending};
-use crate::config::Transport;
 use crate::connection::inbound::{Flow, Inbound};
 use crate::connection::{closing_disconnect, ending_for, transmit, Closing};
+use crate::transport::Transport;
 
 /// The broker core and its in-memory clients on a virtual clock.
 pub struct Harness<'b> {

@@ -30,6 +30,7 @@ pub mod session;
 pub mod store;
 mod sys;
 pub mod tls;
+pub mod transport;
 
 pub use broker::Broker;
 pub use config::Config;

@@ -341,7 +341,7 @@ async fn verified_transport_identity_is_the_user_name() {
                 rd,
                 wr,
                 peer,
-                braid_broker::config::Transport::Tls,
+                braid_broker::transport::Transport::Tls,
                 Some("cert-cn".into()),
             ));
         }

@@ -7,7 +7,8 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use braid_broker::config::{OverflowPolicy, Transport};
+use braid_broker::config::OverflowPolicy;
+use braid_broker::transport::Transport;
 use common::*;
 
 /// A v5 subscriber to `filter` at QoS 1 that lets the broker have `receive_maximum` unacked.

@@ -32,7 +32,7 @@ use braid_proto::topic::{parse_shared, valid_topic_filter};
 use braid_proto::ConnAck;
 
 use crate::auth::Security;
-use crate::config::{Config, QueuePolicy, Transport};
+use crate::config::{Config, QueuePolicy};
 use crate::control::ConnControl;
 use crate::limits::MemoryAlarm;
 use crate::metrics::Metrics;
@@ -40,6 +40,7 @@ use crate::retained::Retained;
 use crate::router::Router;
 use crate::session::{QueueLimits, Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
+use crate::transport::PerTransport;
 
 use timers::{Timer, Timers};
 
@@ -70,8 +71,8 @@ pub struct Broker {
     /// connects.
     queue_limits: Arc<QueueLimits>,
     /// The queue limits of each listener's clients (`[session]` with
-    /// `[session.listeners.<transport>]`), in [`Transport::ALL`] order.
-    listener_limits: [Arc<QueueLimits>; 5],
+    /// `[session.listeners.<transport>]`).
+    listener_limits: PerTransport<Arc<QueueLimits>>,
     /// Where persistent sessions and retained messages are kept.
     pub store: Arc<dyn Store>,
     /// Notified when a connection answers a takeover or detaches (see [`crate::handover`]).
@@ -157,8 +158,7 @@ impl Broker {
         let started = Instant::now();
         let strategy = config.shared.strategy;
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
-        let listener_limits = Transport::ALL.map(|t| {
-            let policy = config.session.listeners.get(t);
+        let listener_limits = config.session.listeners.map(|_, policy| {
             if policy == &QueuePolicy::default() {
                 queue_limits.clone()
             } else {

@@ -8,9 +8,9 @@ use std::time::Instant;
 use braid_proto::{ByteString, ConnAck, Connect, Properties, ProtocolVersion, ReasonCode};
 
 use super::{Accepted, Broker, ById, Connected};
-use crate::config::Transport;
 use crate::control::ConnControl;
 use crate::session::{Link, Persist, Release, Session};
+use crate::transport::Transport;
 
 impl Broker {
     /// Handles CONNECT on `transport`'s listener: validates the client id, applies limits,
@@ -81,7 +81,7 @@ impl Broker {
             }
         }
 
-        let limits = &self.listener_limits[transport as usize];
+        let limits = self.listener_limits.get(transport);
         let (session, session_present, old) = {
             let mut sessions = self.sessions.lock();
             let existing = sessions.get(&*client_id).map(|s| s.0.clone());

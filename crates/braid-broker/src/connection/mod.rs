@@ -21,10 +21,10 @@ use braid_proto::{
 
 use crate::auth::{AclSeed, ConnectionAcl};
 use crate::broker::{Accepted, Broker, Ending};
-use crate::config::Transport;
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
 use crate::session::{Session, SessionState, Transmit};
+use crate::transport::Transport;
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
 

@@ -17,8 +17,8 @@ use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 use super::{handshake, Connection, Stop};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
-use crate::config::Transport;
 use crate::park::{Parked, ParkingLot};
+use crate::transport::Transport;
 
 /// Serves one TCP client; with a `lot`, the connection parks there while idle.
 pub async fn serve(

@@ -21,9 +21,10 @@ use braid_proto::{ByteString, WriteThrough};
 
 use crate::admission::Admission;
 use crate::broker::Broker;
-use crate::config::{Config, Transport};
+use crate::config::Config;
 use crate::connection;
 use crate::tls::{self, Reloadable};
+use crate::transport::Transport;
 
 /// Where the optional listeners are bound (`None`: not configured).
 #[derive(Debug, Clone, Copy, Default)]

@@ -19,10 +19,10 @@ use super::pacer::Pacer;
 use super::stream::{self, StreamContext, StreamEnd, StreamOut};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
-use crate::config::Transport;
 use crate::connection::{self, FirstPacket};
 use crate::message::StreamTag;
 use crate::session::Outbox;
+use crate::transport::Transport;
 
 /// The broker's side of the control stream goes first: CONNACK, PINGRESP and DISCONNECT must
 /// never wait behind deliveries.
