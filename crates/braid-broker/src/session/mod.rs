@@ -7,6 +7,7 @@ mod inflight;
 mod persist;
 mod qos2;
 mod queue;
+mod small;
 mod state;
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Inbound QoS 2 packet ids received and not yet released by PUBREL.
 
-use super::state::SmallSet;
+use super::small::SmallSet;
 
 /// The ids, made at the first QoS 2 PUBLISH: a session that never gets one (most) carries one
 /// pointer for them.

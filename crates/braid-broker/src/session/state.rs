@@ -2,8 +2,6 @@
 //! ids, and (while a client is attached) the connection's outbound state. Packets and time go
 //! in, encoded bytes come out; nothing here touches a socket or a clock.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,16 +16,11 @@ use super::inflight::{Inflight, Stage};
 use super::persist::{Persist, Restore};
 use super::qos2::Qos2Ids;
 use super::queue::{Enqueued, Queue, QueueLimits};
+use super::small::SmallMap;
 use crate::config::OverflowPolicy;
 use crate::control::ConnControl;
 use crate::message::{Delivery, StreamTag};
 use crate::store::{self, SessionRecord, Stored, SubscriptionRecord, Ticket};
-
-/// A map without per-map random hash keys (16 bytes less in every session). Its keys are a
-/// session's own subscriptions and packet ids, bounded by the session's limits.
-pub type SmallMap<K, V> = HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
-/// The set counterpart of [`SmallMap`].
-pub type SmallSet<K> = HashSet<K, BuildHasherDefault<DefaultHasher>>;
 
 /// The outbound side of the connection currently attached to the session.
 #[derive(Debug)]
