@@ -10,6 +10,6 @@ pub mod memory;
 pub mod rate;
 pub mod topic;
 
-pub use memory::{resident_memory, MemoryAlarm, MEMORY_CHECK};
+pub use memory::{resident_memory, MemoryAlarm};
 pub use rate::{PublishLimiter, TokenBucket};
 pub use topic::topic_too_big;
