@@ -8,28 +8,21 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod admission;
 pub mod auth;
 pub mod broker;
 pub mod config;
 pub mod connection;
 pub mod control;
-mod handover;
-pub mod handshake_thread;
 pub mod harness;
 pub mod limits;
-pub mod listener;
 pub mod message;
 pub mod metrics;
-pub mod park;
-pub mod quic;
 pub mod retained;
 pub mod router;
 pub mod server;
 pub mod session;
 pub mod store;
 mod sys;
-pub mod tls;
 pub mod transport;
 
 pub use broker::Broker;

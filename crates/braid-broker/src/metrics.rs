@@ -25,7 +25,7 @@ pub struct Metrics {
     pub publishes_denied: AtomicU64,
     /// Connections closed at accept: `limits.max_connections` reached.
     pub connections_refused: AtomicU64,
-    /// Idle connections parked now (see [`crate::park`]).
+    /// Idle connections parked now (see [`crate::transport::tcp::park`]).
     pub clients_parked: AtomicU64,
 }
 

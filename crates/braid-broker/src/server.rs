@@ -12,13 +12,15 @@ use tracing::{info, warn};
 
 use braid_proto::ReasonCode;
 
-use crate::admission::Admission;
 use crate::auth::Security;
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::listener::{self, Listeners};
-use crate::park::ParkingLot;
-use crate::{handshake_thread, quic, sys};
+use crate::sys;
+use crate::transport::admission::Admission;
+use crate::transport::listener::{self, Listeners};
+use crate::transport::quic;
+use crate::transport::tcp::accept as handshake_thread;
+use crate::transport::tcp::park::ParkingLot;
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
 /// Dropping it shuts the broker down.
@@ -114,7 +116,7 @@ impl Server {
         let connections = TaskTracker::new();
         let lot = match self.broker.config.listeners.park_after_secs {
             0 => None,
-            _ => match ParkingLot::start(&self.broker, connections.clone(), crate::connection::tcp::resume) {
+            _ => match ParkingLot::start(&self.broker, connections.clone(), crate::transport::tcp::resume) {
                 Ok(lot) => Some(lot),
                 Err(e) => {
                     warn!("idle connections will not park: cannot start the parking lot: {e}");

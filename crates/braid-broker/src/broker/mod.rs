@@ -75,7 +75,7 @@ pub struct Broker {
     listener_limits: PerTransport<Arc<QueueLimits>>,
     /// Where persistent sessions and retained messages are kept.
     pub store: Arc<dyn Store>,
-    /// Notified when a connection answers a takeover or detaches (see [`crate::handover`]).
+    /// Notified when a connection answers a takeover or detaches (see [`crate::connection::handover`]).
     pub(crate) handovers: Notify,
     /// Will delays, session expiries and the connection sweep.
     timers: Mutex<Timers>,
@@ -198,7 +198,7 @@ impl Broker {
         self.started_unix + now.saturating_duration_since(self.started).as_secs()
     }
 
-    /// Connections parked now (see [`crate::park`]).
+    /// Connections parked now (see [`crate::transport::tcp::park`]).
     pub fn parked(&self) -> usize {
         Metrics::get(&self.metrics.clients_parked) as usize
     }

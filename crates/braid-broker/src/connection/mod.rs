@@ -2,9 +2,9 @@
 //! reads and handles inbound packets and writes replies and deliveries, so a client's PUBACK
 //! goes out with the deliveries of the same turn and nothing waits for a second task.
 
+pub(crate) mod handover;
 pub(crate) mod inbound;
 mod receive_window;
-pub mod tcp;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -68,19 +68,19 @@ pub async fn serve_verified<R, W>(
 }
 
 /// An accepted client, its CONNACK encoded and not yet written.
-struct Start {
-    accepted: Accepted,
-    version: ProtocolVersion,
-    out: BytesMut,
-    rbuf: ReadBuffer,
+pub(crate) struct Start {
+    pub(crate) accepted: Accepted,
+    pub(crate) version: ProtocolVersion,
+    pub(crate) out: BytesMut,
+    pub(crate) rbuf: ReadBuffer,
     /// Who the client is, for its topic authorization.
-    acl: Option<Box<AclSeed>>,
+    pub(crate) acl: Option<Box<AclSeed>>,
 }
 
 /// Reads CONNECT (within the connect timeout), authenticates the client and attaches the
 /// session; None if the client was refused or went away, in which case the connection is
 /// already closed.
-async fn handshake<R, W>(
+pub(crate) async fn handshake<R, W>(
     broker: &Arc<Broker>,
     rd: &mut R,
     wr: &mut W,
@@ -169,7 +169,7 @@ pub(crate) async fn admit(
         }
     }
     // A connection that holds this client's session first handles what it was already sent.
-    crate::handover::wait(broker, client_id).await;
+    crate::connection::handover::wait(broker, client_id).await;
     let (accepted, connack, restore) =
         broker.connect(connect, transport, Instant::now()).inspect_err(|reason| {
             info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
@@ -187,7 +187,7 @@ pub(crate) async fn admit(
 }
 
 /// Why [`Connection::run`] returned.
-enum Stop {
+pub(crate) enum Stop {
     /// The connection is over.
     End(Ending),
     /// The connection is idle and was asked to park; these are its client's topic aliases and
@@ -356,7 +356,7 @@ pub(crate) fn transmit(
 }
 
 /// An accepted connection.
-struct Connection<'a> {
+pub(crate) struct Connection<'a> {
     broker: &'a Arc<Broker>,
     a: &'a Accepted,
     version: ProtocolVersion,
@@ -367,7 +367,7 @@ struct Connection<'a> {
 }
 
 impl<'a> Connection<'a> {
-    fn new(
+    pub(crate) fn new(
         broker: &'a Arc<Broker>,
         a: &'a Accepted,
         version: ProtocolVersion,
@@ -378,8 +378,8 @@ impl<'a> Connection<'a> {
     }
 
     /// Reads, handles and writes until the connection ends or parks. `unread` says whether
-    /// bytes from the client wait below `rd`, not yet read (see [`crate::handover`]).
-    async fn run<R, W>(
+    /// bytes from the client wait below `rd`, not yet read (see [`crate::connection::handover`]).
+    pub(crate) async fn run<R, W>(
         &mut self,
         rd: &mut R,
         wr: &mut W,
@@ -435,7 +435,7 @@ impl<'a> Connection<'a> {
             // can be read, while held), the takeover may go on.
             if handing_over && (held || !unread(rd)) {
                 handing_over = false;
-                crate::handover::answer(broker, &a.ctl);
+                crate::connection::handover::answer(broker, &a.ctl);
             }
             let idle = !held && self.out.is_empty() && !inbound.awaits_sync();
             if idle && !transmit && !handing_over && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
@@ -500,7 +500,7 @@ impl<'a> Connection<'a> {
 
     /// Closes the connection, tells the broker how it ended, then lingers on `rd` (not holding
     /// up the will or the session's end).
-    async fn finish<R, W>(mut self, rd: &mut R, wr: &mut W, ending: Ending)
+    pub(crate) async fn finish<R, W>(mut self, rd: &mut R, wr: &mut W, ending: Ending)
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,

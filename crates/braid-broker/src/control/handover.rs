@@ -1,4 +1,4 @@
-//! Where a takeover's request to a connection stands (see [`crate::handover`]).
+//! Where a takeover's request to a connection stands (see [`crate::connection::handover`]).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

@@ -4,9 +4,9 @@
 //! - [`signal`]: the task's wake-up (deliveries ready, a close, a park or handover request);
 //! - the close request: the first reason given wins;
 //! - [`activity`]: the clocks the broker's sweep reads (keep alive, idleness);
-//! - [`parking`]: the parking state of an idle connection (see [`crate::park`]);
+//! - [`parking`]: the parking state of an idle connection (see [`crate::transport::tcp::park`]);
 //! - [`handover`]: a takeover's request to read what already arrived first (see
-//!   [`crate::handover`]).
+//!   [`crate::connection::handover`]).
 //!
 //! One small struct, so an idle connection waits on a single notification, or on nothing at
 //! all once parked.
@@ -205,7 +205,7 @@ impl ConnControl {
 
     /// The connection has handled what its client sent before it was asked to hand over, or
     /// the broker has finished with it (its disconnect handled, session ended or kept, or it
-    /// was taken over): a CONNECT waiting in [`crate::handover`] may go on.
+    /// was taken over): a CONNECT waiting in [`crate::connection::handover`] may go on.
     pub fn hand_over(&self) {
         self.handover.done();
     }

@@ -1,4 +1,4 @@
-//! The parking state of an idle connection (see [`crate::park`]): whether the sweep asked it to
+//! The parking state of an idle connection (see [`crate::transport::tcp::park`]): whether the sweep asked it to
 //! park, its key in the parking lot while parked, and the hook that gives it a task back. The
 //! lot installs the hook, so this low layer does not know the lot.
 

@@ -2,6 +2,13 @@
 //! [`Transport`], its names, and [`PerTransport`] (one value for each, such as the
 //! `[session.listeners.<transport>]` settings) all come from the one list below.
 
+pub mod admission;
+pub mod listener;
+pub mod quic;
+pub mod tcp;
+pub mod tls;
+mod ws;
+
 use serde::{Deserialize, Serialize};
 
 /// Defines [`Transport`] and [`PerTransport`] from one list of (variant, key, description).

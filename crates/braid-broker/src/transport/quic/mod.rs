@@ -18,9 +18,9 @@ use tracing::info;
 
 use pacer::Pacer;
 
-use crate::admission::Admission;
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::transport::admission::Admission;
 
 /// ALPN protocol id of MQTT over QUIC (the one EMQX and its clients use).
 pub const ALPN: &[u8] = b"mqtt";

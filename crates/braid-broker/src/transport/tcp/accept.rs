@@ -19,10 +19,10 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, warn};
 
-use crate::admission::Admission;
 use crate::broker::Broker;
-use crate::park::ParkingLot;
-use crate::{connection, listener};
+use crate::transport::admission::Admission;
+use crate::transport::listener;
+use crate::transport::tcp::park::ParkingLot;
 
 /// The thread's nice value: the lowest priority, which an unprivileged process may set.
 const NICE: i32 = 19;
@@ -81,7 +81,7 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             Some((stream, peer, _token)) = arrivals.recv() => match TcpStream::from_std(stream) {
-                Ok(stream) => drop(connections.spawn(connection::tcp::serve(broker.clone(), stream, peer, lot.clone()))),
+                Ok(stream) => drop(connections.spawn(super::serve(broker.clone(), stream, peer, lot.clone()))),
                 Err(e) => warn!(%peer, "closing connection: cannot register it with the broker's runtime: {e}"),
             },
         }

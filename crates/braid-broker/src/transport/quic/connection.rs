@@ -261,7 +261,7 @@ impl Streams {
                     }
                     if ctl.handover_asked() {
                         // Its streams are read by tasks of their own: nothing to wait for here.
-                        crate::handover::answer(&self.cx.broker, &ctl);
+                        crate::connection::handover::answer(&self.cx.broker, &ctl);
                     }
                     transmit = true;
                 }

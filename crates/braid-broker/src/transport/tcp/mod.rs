@@ -1,4 +1,7 @@
-//! Plain TCP connections, which can park while idle (see [`crate::park`]).
+//! Plain TCP connections, which can park while idle (see [`crate::transport::tcp::park`]).
+
+pub mod accept;
+pub mod park;
 
 use std::collections::HashMap;
 use std::io;
@@ -14,10 +17,10 @@ use tracing::warn;
 
 use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 
-use super::{handshake, Connection, Stop};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
-use crate::park::{Parked, ParkingLot};
+use crate::connection::{handshake, Connection, Stop};
+use crate::transport::tcp::park::{Parked, ParkingLot};
 use crate::transport::Transport;
 
 /// Serves one TCP client; with a `lot`, the connection parks there while idle.
@@ -39,7 +42,7 @@ pub async fn serve(
     drive(broker, lot, stream, peer, start.accepted, start.version, start.out, start.rbuf, kept).await;
 }
 
-/// Carries on with a connection that was parked in `lot` (the lot's [`crate::park::Resume`]).
+/// Carries on with a connection that was parked in `lot` (the lot's [`crate::transport::tcp::park::Resume`]).
 pub(crate) fn resume(broker: Arc<Broker>, lot: Arc<ParkingLot>, parked: Parked) -> BoxFuture<'static, ()> {
     Box::pin(resume_parked(broker, lot, parked))
 }

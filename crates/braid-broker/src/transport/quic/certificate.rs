@@ -8,7 +8,7 @@ use rustls::pki_types::PrivateKeyDer;
 use tracing::warn;
 
 use crate::config::QuicConfig;
-use crate::tls::{load_pair, CertifiedKey};
+use crate::transport::tls::{load_pair, CertifiedKey};
 
 /// Loads `quic.cert_file`/`quic.key_file`, or generates a self-signed certificate for
 /// `localhost` and the loopback addresses when neither is set. Errors name the key.

@@ -2,8 +2,6 @@
 //! Each accepted socket goes through its handshakes here and is then served by
 //! [`crate::connection::serve_verified`] like a TCP client: the transport is only a byte stream.
 
-mod ws;
-
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -19,12 +17,12 @@ use tracing::info;
 
 use braid_proto::{ByteString, WriteThrough};
 
-use crate::admission::Admission;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::connection;
-use crate::tls::{self, Reloadable};
-use crate::transport::Transport;
+use crate::transport::admission::Admission;
+use crate::transport::tls::{self, Reloadable};
+use crate::transport::{ws, Transport};
 
 /// Where the optional listeners are bound (`None`: not configured).
 #[derive(Debug, Clone, Copy, Default)]
