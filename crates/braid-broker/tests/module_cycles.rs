@@ -1,7 +1,8 @@
 //! No import cycles between the broker crate's files: `cargo test -p braid-broker --test
-//! module_cycles` reads every file under `src/`, follows its `crate::`, `super::` and `self::`
-//! paths (outside `#[cfg(test)]` modules) to the files they name, and fails naming each cycle
-//! and the paths that make it. A file declaring a child module (`mod x;`) does not import it.
+//! module_cycles` reads every file under `src/`, follows its `crate::`, `super::`, `self::` and
+//! child-module (`x::` after `mod x;`) paths, outside `#[cfg(test)]` modules, to the files they
+//! name, and fails naming each cycle and the paths that make it. Declaring a child module
+//! (`mod x;`) is not importing it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -63,22 +64,33 @@ fn references(source: &str, module: &[String]) -> Vec<Vec<String>> {
     // `super` and `self` are relative to the file's module (a `mod.rs` is its folder's).
     let here: Vec<String> = module.to_vec();
     let parent = |m: &[String]| m[..m.len().saturating_sub(1)].to_vec();
+    // Child modules this file declares (`mod x;`): `x::...` is a path into the child.
+    let children: Vec<String> = code
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start().trim_start_matches("pub(crate) ").trim_start_matches("pub ");
+            l.strip_prefix("mod ")?.strip_suffix(';').map(|name| format!("{name}::"))
+        })
+        .collect();
     let mut out = Vec::new();
     let bytes = code.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
         let rest = &code[i..];
-        let boundary = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
-        let start =
-            ["crate::", "super::", "self::"].iter().find(|p| rest.starts_with(**p)).filter(|_| boundary);
+        let prev = (i > 0).then(|| bytes[i - 1]);
+        let boundary = !prev.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':');
+        let prefixes =
+            ["crate::", "super::", "self::"].into_iter().chain(children.iter().map(String::as_str));
+        let start = prefixes.filter(|_| boundary).find(|p| rest.starts_with(*p));
         let Some(prefix) = start else {
             i += 1;
             continue;
         };
-        let mut base = match *prefix {
+        let mut base = match prefix {
             "crate::" => Vec::new(),
             "super::" => parent(&here),
-            _ => here.clone(),
+            "self::" => here.clone(),
+            child => here.iter().cloned().chain([child.trim_end_matches("::").to_string()]).collect(),
         };
         let mut j = i + prefix.len();
         // Further `super::` steps.
@@ -251,11 +263,20 @@ fn the_broker_crate_has_no_import_cycle() {
 #[test]
 fn the_checker_sees_paths_groups_and_relative_imports() {
     let module = vec!["broker".to_string(), "lifecycle".to_string()];
-    let src = "use super::timers::Timer;\nuse crate::session::{Release, Session};\nuse crate::{a::B, c};\n\
-               fn f() { crate::store::unix_now(); }\n// crate::commented::out\n#[cfg(test)]\nmod tests { use crate::x; }";
+    let src = "mod inner;\nuse super::timers::Timer;\nuse crate::session::{Release, Session};\n\
+               use crate::{a::B, c};\nfn f() { crate::store::unix_now(); inner::Thing::new(); }\n\
+               // crate::commented::out\n#[cfg(test)]\nmod tests { use crate::x; }";
     let refs: Vec<String> = references(src, &module).iter().map(|p| p.join("::")).collect();
     assert_eq!(
         refs,
-        ["broker::timers::Timer", "session::Release", "session::Session", "a::B", "c", "store::unix_now"]
+        [
+            "broker::timers::Timer",
+            "session::Release",
+            "session::Session",
+            "a::B",
+            "c",
+            "store::unix_now",
+            "broker::lifecycle::inner::Thing::new"
+        ]
     );
 }

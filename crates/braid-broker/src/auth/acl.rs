@@ -10,7 +10,7 @@ use std::path::Path;
 
 use braid_proto::topic::{matches, valid_topic_filter};
 
-use super::{FileError, LineError};
+use super::file::{FileError, LineError};
 
 /// What a rule is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,7 @@ impl AclRules {
 
     /// Reads and parses the rules file at `path`.
     pub fn load(path: &Path, default_allow: bool) -> Result<AclRules, FileError> {
-        super::load_file(path, |text| AclRules::parse(text, default_allow))
+        super::file::load_file(path, |text| AclRules::parse(text, default_allow))
     }
 
     /// The rules that apply to a client, placeholders filled in.

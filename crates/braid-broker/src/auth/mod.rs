@@ -8,6 +8,7 @@
 //! configured and a cached lookup when one is.
 
 pub mod acl;
+mod file;
 pub mod http;
 pub mod jwt;
 pub mod password;
@@ -26,6 +27,7 @@ use braid_proto::{Connect, ReasonCode};
 
 use crate::config::{AclPolicy, Config, ConfigError};
 use acl::{AclRules, ClientAcl};
+pub use file::{FileError, LineError};
 use http::HttpHook;
 use jwt::{AclClaim, JwtVerifier};
 use password::PasswordFile;
@@ -51,46 +53,6 @@ pub struct Refusal {
 
 fn refuse(reason: ReasonCode, detail: impl Into<String>) -> Refusal {
     Refusal { reason, detail: detail.into() }
-}
-
-/// A line of a password or ACL rules file that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("line {line}: {problem}")]
-pub struct LineError {
-    /// The line number, from 1.
-    pub line: usize,
-    /// What is wrong with it.
-    pub problem: String,
-}
-
-/// A password or ACL rules file that cannot be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum FileError {
-    /// The file cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A line of the file does not parse.
-    #[error("{}: {source}", path.display())]
-    Line {
-        /// The file.
-        path: PathBuf,
-        /// The line and the problem.
-        #[source]
-        source: LineError,
-    },
-}
-
-/// Reads the file at `path` and parses its text with `parse`.
-fn load_file<T>(path: &Path, parse: impl FnOnce(&str) -> Result<T, LineError>) -> Result<T, FileError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| FileError::Read { path: path.into(), source })?;
-    parse(&text).map_err(|source| FileError::Line { path: path.into(), source })
 }
 
 /// Size and modification time of a watched file.

@@ -11,7 +11,7 @@ use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 
-use super::{FileError, LineError};
+use super::file::{FileError, LineError};
 
 /// Users and their password hashes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl PasswordFile {
 
     /// Reads and parses the file at `path`.
     pub fn load(path: &Path) -> Result<PasswordFile, FileError> {
-        super::load_file(path, PasswordFile::parse)
+        super::file::load_file(path, PasswordFile::parse)
     }
 
     /// Writes the file (mode 0600) by replacing it atomically.

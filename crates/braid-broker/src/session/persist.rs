@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use braid_proto::ByteString;
 
-use super::queue::{Item, OnDisk, Queue};
+use super::queue::{Enqueued, Item, OnDisk, Queue, QueueLimits};
 use crate::message::Delivery;
 use crate::store::{Op, SessionRecord, Stage, Store, StoreError, Stored, Ticket};
 
@@ -47,8 +47,8 @@ impl Persist {
     }
 
     /// Offers `d` to the session: to disk only while offline, else to disk and `queue`.
-    pub fn enqueue(&mut self, mut d: Delivery, queue: &mut Queue, online: bool) -> super::Enqueued {
-        use super::Enqueued::*;
+    pub fn enqueue(&mut self, mut d: Delivery, queue: &mut Queue, online: bool) -> Enqueued {
+        use Enqueued::*;
         let (r, evicted) = match self.offline.as_mut().filter(|_| !online) {
             Some(disk) => {
                 let entry = OnDisk { seq: self.next_seq, size: d.size(), qos: d.qos };
@@ -104,7 +104,7 @@ impl Persist {
     }
 
     /// Moves the deliveries in memory to the disk index (the client went offline).
-    pub fn spill(&mut self, items: impl Iterator<Item = Delivery>, limits: Arc<super::QueueLimits>) {
+    pub fn spill(&mut self, items: impl Iterator<Item = Delivery>, limits: Arc<QueueLimits>) {
         let mut items: Vec<OnDisk> =
             items.filter(|d| d.seq != 0).map(|d| OnDisk { seq: d.seq, size: d.size(), qos: d.qos }).collect();
         items.sort_unstable_by_key(|d| d.seq);
@@ -124,9 +124,9 @@ impl Persist {
 }
 
 /// The persisted delivery a push dropped to make room (0: none).
-fn evicted(r: super::Enqueued) -> u64 {
+fn evicted(r: Enqueued) -> u64 {
     match r {
-        super::Enqueued::QueuedDroppedOldest(seq) => seq,
+        Enqueued::QueuedDroppedOldest(seq) => seq,
         _ => 0,
     }
 }

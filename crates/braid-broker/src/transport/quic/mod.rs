@@ -32,14 +32,6 @@ pub(crate) struct Listener {
     pacer: Arc<Pacer>,
 }
 
-/// Transport settings of every connection: the idle timeout (and, per connection, the
-/// pacing governor that [`Pacer`] adds).
-fn transport_config(idle: quinn::IdleTimeout) -> quinn::TransportConfig {
-    let mut transport = quinn::TransportConfig::default();
-    transport.max_idle_timeout(Some(idle));
-    transport
-}
-
 /// Binds the QUIC endpoint `listeners.quic` with the configured (or a self-signed)
 /// certificate, 0-RTT, migration and pacing as configured.
 pub(crate) fn bind(config: &Config) -> io::Result<Listener> {
@@ -64,7 +56,7 @@ pub(crate) fn bind(config: &Config) -> io::Result<Listener> {
     server.migration(cfg.migration);
     let idle = quinn::IdleTimeout::try_from(Duration::from_secs(cfg.idle_timeout_secs))
         .map_err(|_| invalid(&"quic.idle_timeout_secs: too large"))?;
-    server.transport_config(Arc::new(transport_config(idle)));
+    server.transport_config(Arc::new(pacer::transport_config(idle)));
     let pacing = cfg.pacing.parse().map_err(|e: String| invalid(&format_args!("quic.pacing: {e}")))?;
     let addr = config.listeners.quic;
     let cannot =

@@ -44,7 +44,7 @@ impl Pacer {
         incoming: quinn::Incoming,
     ) -> Result<(quinn::Connecting, Option<PeerPace>), quinn::ConnectionError> {
         let Some(socket) = &self.socket else { return Ok((incoming.accept()?, None)) };
-        let mut transport = super::transport_config(self.idle);
+        let mut transport = transport_config(self.idle);
         let Some(pace) = self.pacing.configure(&mut transport) else {
             return Ok((incoming.accept()?, None));
         };
@@ -54,4 +54,12 @@ impl Pacer {
         server.transport_config(Arc::new(transport));
         Ok((incoming.accept_with(Arc::new(server))?, Some(guard)))
     }
+}
+
+/// Transport settings of every connection: the idle timeout (and, per connection, the
+/// pacing governor that [`Pacer`] adds).
+pub(super) fn transport_config(idle: quinn::IdleTimeout) -> quinn::TransportConfig {
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(idle));
+    transport
 }
