@@ -427,7 +427,8 @@ impl Broker {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                let _ = self.deliver(session, Delivery { msg, qos, retain: true, sub_id, seq: 0, stream });
+                let d = Delivery { msg, qos, retain: true, sub_ids: sub_id.into(), seq: 0, stream };
+                let _ = self.deliver(session, d);
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
@@ -505,7 +506,7 @@ impl Broker {
                 msg: msg.clone(),
                 qos: msg.qos.min(e.options.qos),
                 retain: msg.retain && e.options.retain_as_published,
-                sub_id: e.sub_id,
+                sub_ids: e.sub_id.into(),
                 seq: 0,
                 stream: e.stream,
             };
