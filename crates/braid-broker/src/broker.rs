@@ -129,7 +129,7 @@ impl Broker {
     }
 
     fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
-        let strategy = config.shared.strategy;
+        let router = Router::new(config.shared.strategy, config.mqtt.overlapping);
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
         let listener_limits = Transport::ALL.map(|t| {
             let policy = config.session.listeners.get(t);
@@ -147,7 +147,7 @@ impl Broker {
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             sessions: Mutex::new(HashSet::new()),
-            router: RwLock::new(Router::new(strategy)),
+            router: RwLock::new(router),
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
             queue_limits,
@@ -202,20 +202,21 @@ impl Broker {
                 st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
             };
             let mut router = self.router.write();
-            for (filter, sub) in &rec.subscriptions {
-                if let Some((inner, group)) = split_filter(filter) {
+            for (filter, sub) in rec.subscriptions {
+                if let Some((inner, group)) = split_filter(&filter) {
                     let entry = SubEntry {
                         session: session.clone(),
                         options: sub.options,
                         sub_id: sub.sub_id,
                         merge_overlaps: false,
+                        overlaps: 0,
                         stream: StreamTag::default(),
                     };
                     router.restore(inner, group, entry);
                 }
+                session.lock().subscriptions.insert(filter, sub);
             }
             drop(router);
-            session.lock().subscriptions = rec.subscriptions.into_iter().collect();
             self.sessions.lock().replace(ById(session.clone()));
             // A will still pending (its connection was lost with the broker, or its delay was
             // running) is sent as if the connection had ended now.
@@ -404,7 +405,8 @@ impl Broker {
             }
             options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
             let merge_overlaps = !version.is_v5();
-            let entry = SubEntry { session: session.clone(), options, sub_id, merge_overlaps, stream };
+            let entry =
+                SubEntry { session: session.clone(), options, sub_id, merge_overlaps, overlaps: 0, stream };
             let is_new = self.router.write().subscribe(inner, group, entry);
             session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
@@ -498,19 +500,8 @@ impl Broker {
         let router = self.router.read();
         let mut targets = Vec::new();
         router.route(&msg, &mut targets);
-        if targets.len() > 1 && targets.iter().any(|e| e.merge_overlaps) {
-            merge_overlaps(&mut targets);
-        }
         for e in targets {
-            let d = Delivery {
-                msg: msg.clone(),
-                qos: msg.qos.min(e.options.qos),
-                retain: msg.retain && e.options.retain_as_published,
-                sub_ids: e.sub_id.into(),
-                seq: 0,
-                stream: e.stream,
-            };
-            let (r, ticket) = self.deliver(&e.session, d);
+            let (r, ticket) = self.deliver(e.session, e.delivery(&msg));
             out.ticket = out.ticket.max(ticket);
             let paced_until = match r {
                 Enqueued::QueuedOverLimit => None,
@@ -730,12 +721,6 @@ fn split_filter(filter: &str) -> Option<(&str, Option<&str>)> {
         Ok(None) if valid_topic_filter(filter) => Some((filter, None)),
         _ => None,
     }
-}
-
-/// MQTT 3.1.x: one delivery per session for overlapping subscriptions, at the highest QoS.
-fn merge_overlaps(targets: &mut Vec<&SubEntry>) {
-    targets.sort_by_key(|e| (e.session.id, std::cmp::Reverse(e.options.qos)));
-    targets.dedup_by(|later, first| first.merge_overlaps && later.session.id == first.session.id);
 }
 
 /// A session keyed by its client id: the set of these is the session table, and the key is the
