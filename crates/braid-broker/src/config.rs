@@ -223,6 +223,8 @@ pub struct MqttConfig {
     pub max_qos: u8,
     /// Accept an empty client id (the broker assigns one) when the session is clean.
     pub allow_empty_client_id: bool,
+    /// What a v5 client with several subscriptions matching one message receives.
+    pub overlapping: Overlapping,
 }
 
 impl Default for MqttConfig {
@@ -238,8 +240,20 @@ impl Default for MqttConfig {
             retain_available: true,
             max_qos: 2,
             allow_empty_client_id: true,
+            overlapping: Overlapping::Single,
         }
     }
+}
+
+/// Deliveries to a v5 client with several subscriptions matching one message (MQTT 5 section
+/// 3.3.4; 3.1.x clients always get one copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlapping {
+    /// One copy at the highest granted QoS, with every matching Subscription Identifier.
+    Single,
+    /// One copy per matching subscription, each with its own Subscription Identifier.
+    PerSubscription,
 }
 
 /// What to do with a delivery for a session whose queue is full.

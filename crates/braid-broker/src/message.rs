@@ -109,10 +109,85 @@ pub struct Delivery {
     pub qos: QoS,
     /// RETAIN flag to send.
     pub retain: bool,
-    /// Subscription Identifier of the matching subscription (v5).
-    pub sub_id: Option<u32>,
+    /// Subscription Identifiers of the matching subscriptions (v5).
+    pub sub_ids: SubIds,
     /// Sequence number in the store, for a delivery to a persistent session (else 0).
     pub seq: u64,
     /// The stream of the subscription that matched.
     pub stream: StreamTag,
+}
+
+/// The Subscription Identifiers a delivery carries (v5): none or one without an allocation,
+/// several (ascending, each once) when overlapping subscriptions were merged into one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubIds(Ids);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ids {
+    /// One id, or none as 0 (never a Subscription Identifier).
+    One(u32),
+    /// Two or more.
+    Many(Box<[u32]>),
+}
+
+impl SubIds {
+    /// The ids.
+    pub fn as_slice(&self) -> &[u32] {
+        match &self.0 {
+            Ids::One(0) => &[],
+            Ids::One(id) => std::slice::from_ref(id),
+            Ids::Many(ids) => ids,
+        }
+    }
+
+    /// Adds the ids of `other`.
+    pub fn merge(&mut self, other: &SubIds) {
+        let mut ids = [self.as_slice(), other.as_slice()].concat();
+        ids.sort_unstable();
+        ids.dedup();
+        *self = ids.into_iter().collect();
+    }
+}
+
+impl Default for SubIds {
+    fn default() -> SubIds {
+        SubIds(Ids::One(0))
+    }
+}
+
+impl From<Option<u32>> for SubIds {
+    fn from(id: Option<u32>) -> SubIds {
+        SubIds(Ids::One(id.unwrap_or(0)))
+    }
+}
+
+impl FromIterator<u32> for SubIds {
+    /// Collects ids (zeros skipped), allocating only for two or more.
+    fn from_iter<I: IntoIterator<Item = u32>>(ids: I) -> SubIds {
+        let mut ids = ids.into_iter().filter(|&id| id != 0);
+        let Some(first) = ids.next() else { return SubIds::default() };
+        match ids.next() {
+            None => SubIds(Ids::One(first)),
+            Some(second) => SubIds(Ids::Many([first, second].into_iter().chain(ids).collect())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_ids_merge_sorted_without_repeats() {
+        assert_eq!(std::mem::size_of::<SubIds>(), 16);
+        let mut ids = SubIds::from(Some(7));
+        assert_eq!(ids.as_slice(), [7]);
+        ids.merge(&SubIds::default());
+        assert_eq!(ids, SubIds::from(Some(7)), "no allocation for one id");
+        ids.merge(&SubIds::from(Some(2)));
+        ids.merge(&[7, 5].into_iter().collect());
+        assert_eq!(ids.as_slice(), [2, 5, 7]);
+        assert!(SubIds::from(None).as_slice().is_empty());
+        assert_eq!([0, 3].into_iter().collect::<SubIds>(), SubIds::from(Some(3)));
+    }
 }

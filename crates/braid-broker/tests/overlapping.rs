@@ -1,5 +1,6 @@
 //! Overlapping subscriptions of one session: MQTT 3.1.1 gets one copy at the highest granted
-//! QoS, MQTT 5 one copy per subscription, each with its own Subscription Identifier.
+//! QoS; MQTT 5 too, carrying every matching Subscription Identifier, unless
+//! `mqtt.overlapping = "per_subscription"`: then one copy per subscription, each with its own.
 
 mod common;
 
@@ -39,16 +40,41 @@ async fn v311_overlapping_subscriptions_get_one_copy_at_the_highest_qos() {
     complete_qos2(&mut sub, got.packet_id).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn v5_overlapping_subscriptions_get_a_copy_each_with_its_subscription_identifier() {
-    let b = start_default().await;
-    let (mut sub, _) = TestClient::connect_ok(b.addr, V5, connect_packet("ov5", true)).await;
-    for (filter, qos, sub_id) in [("a/#", QoS::AtMostOnce, 1), ("a/b", QoS::ExactlyOnce, 2)] {
+/// Subscribes `c` to each `(filter, QoS, Subscription Identifier)`.
+async fn subscribe_with_ids(c: &mut TestClient, subs: [(&str, QoS, u32); 2]) {
+    for (filter, qos, sub_id) in subs {
         let mut s = subscribe(filter, qos);
         s.packet_id = sub_id as u16;
         s.properties.subscription_identifiers = vec![sub_id];
-        sub.subscribe_with(s, qos).await;
+        c.subscribe_with(s, qos).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v5_overlapping_subscriptions_get_one_copy_at_the_highest_qos_with_every_identifier() {
+    let b = start_default().await;
+    let (mut sub, _) = TestClient::connect_ok(b.addr, V5, connect_packet("ov5-one", true)).await;
+    subscribe_with_ids(&mut sub, [("a/+", QoS::AtMostOnce, 1), ("a/#", QoS::AtLeastOnce, 2)]).await;
+    let mut p = publisher(b.addr).await;
+    p.publish_and_ack("a/b", QoS::AtLeastOnce, b"once", 1).await;
+    // Matches only a/#: if a second copy of the first message existed, it would come first.
+    p.publish_and_ack("a/b/marker", QoS::AtMostOnce, b"marker", 0).await;
+
+    let got = sub.expect_publish().await;
+    assert_eq!((&*got.topic, &got.payload[..], got.qos), ("a/b", &b"once"[..], QoS::AtLeastOnce));
+    assert_eq!(got.properties.subscription_identifiers, [1, 2], "every identifier, ascending");
+    let marker = sub.expect_publish().await;
+    assert_eq!(&*marker.topic, "a/b/marker", "a second copy of a/b was delivered");
+    assert_eq!(marker.properties.subscription_identifiers, [2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v5_per_subscription_mode_gets_a_copy_each_with_its_subscription_identifier() {
+    let mut config = Config::embedded();
+    config.mqtt.overlapping = braid_broker::config::Overlapping::PerSubscription;
+    let b = start(config).await;
+    let (mut sub, _) = TestClient::connect_ok(b.addr, V5, connect_packet("ov5", true)).await;
+    subscribe_with_ids(&mut sub, [("a/#", QoS::AtMostOnce, 1), ("a/b", QoS::ExactlyOnce, 2)]).await;
     let mut p = publisher(b.addr).await;
     p.publish_and_ack("a/b", QoS::ExactlyOnce, b"twice", 1).await;
     p.publish_and_ack("a/marker", QoS::AtMostOnce, b"marker", 0).await;

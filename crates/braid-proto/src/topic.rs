@@ -63,6 +63,49 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     }
 }
 
+/// True when the filters' first levels rule out a common topic because of `$` (a wildcard at
+/// the start of a filter never matches a `$` topic).
+fn dollar_mismatch(a: &str, b: &str) -> bool {
+    let wild = |f: &str| f.starts_with(['+', '#']);
+    (wild(a) && b.starts_with('$')) || (wild(b) && a.starts_with('$'))
+}
+
+/// True if the filter `outer` matches every topic the filter `inner` matches. Both are assumed
+/// valid, without shared subscription prefixes.
+pub fn covers(outer: &str, inner: &str) -> bool {
+    if dollar_mismatch(outer, inner) {
+        return false;
+    }
+    let (mut o, mut i) = (outer.split('/'), inner.split('/'));
+    loop {
+        match (o.next(), i.next()) {
+            (Some("#"), _) => return true,
+            (None, None) => return true,
+            (Some("+"), Some(l)) if l != "#" => {}
+            (Some(a), Some(b)) if a == b && a != "+" && a != "#" => {}
+            _ => return false,
+        }
+    }
+}
+
+/// True if some topic matches both filters `a` and `b`. Both are assumed valid, without shared
+/// subscription prefixes.
+pub fn intersects(a: &str, b: &str) -> bool {
+    if dollar_mismatch(a, b) {
+        return false;
+    }
+    let (mut x, mut y) = (a.split('/'), b.split('/'));
+    loop {
+        match (x.next(), y.next()) {
+            (Some("#"), _) | (_, Some("#")) => return true,
+            (None, None) => return true,
+            (Some("+"), Some(_)) | (Some(_), Some("+")) => {}
+            (Some(l), Some(r)) if l == r => {}
+            _ => return false,
+        }
+    }
+}
+
 /// A shared subscription filter split into its share name and the topic filter it applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SharedFilter<'a> {
@@ -257,5 +300,17 @@ mod tests {
         for (filter, error) in cases {
             assert_eq!(parse_shared(filter), Err(error), "{filter}");
         }
+    }
+
+    #[test]
+    fn filter_relations() {
+        assert!(covers("a/#", "a"));
+        assert!(covers("a/+", "a/b"));
+        assert!(!covers("a/+", "a/#"));
+        assert!(!covers("a/b", "a/+"));
+        assert!(intersects("a/+", "+/b"));
+        assert!(intersects("a/#", "a"));
+        assert!(!intersects("a/b", "a/c"));
+        assert!(!intersects("a/b/c", "a/b"));
     }
 }

@@ -156,7 +156,7 @@ impl Broker {
     /// arguments are measured and converted to the Unix times the store keeps.
     pub fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
         let started = Instant::now();
-        let strategy = config.shared.strategy;
+        let router = Router::new(config.shared.strategy, config.mqtt.overlapping);
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
         let listener_limits = config.session.listeners.map(|_, policy| {
             if policy == &QueuePolicy::default() {
@@ -174,7 +174,7 @@ impl Broker {
             started_unix: store::unix_now(),
             shutdown: CancellationToken::new(),
             sessions: Mutex::new(HashSet::new()),
-            router: RwLock::new(Router::new(strategy)),
+            router: RwLock::new(router),
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
             queue_limits,

@@ -46,7 +46,8 @@ impl Broker {
             }
             options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
             let merge_overlaps = !version.is_v5();
-            let entry = SubEntry { session: session.clone(), options, sub_id, merge_overlaps, stream };
+            let entry =
+                SubEntry { session: session.clone(), options, sub_id, merge_overlaps, overlaps: 0, stream };
             let is_new = self.router.write().subscribe(inner, group, entry);
             session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
@@ -68,7 +69,7 @@ impl Broker {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                let d = Delivery { msg, qos, retain: true, sub_id, seq: 0, stream };
+                let d = Delivery { msg, qos, retain: true, sub_ids: sub_id.into(), seq: 0, stream };
                 let _ = self.deliver(session, d, now);
             }
         }
@@ -140,19 +141,8 @@ impl Broker {
         let router = self.router.read();
         let mut targets = Vec::new();
         router.route(&msg, &mut targets);
-        if targets.len() > 1 && targets.iter().any(|e| e.merge_overlaps) {
-            merge_overlaps(&mut targets);
-        }
         for e in targets {
-            let d = Delivery {
-                msg: msg.clone(),
-                qos: msg.qos.min(e.options.qos),
-                retain: msg.retain && e.options.retain_as_published,
-                sub_id: e.sub_id,
-                seq: 0,
-                stream: e.stream,
-            };
-            let (r, ticket) = self.deliver(&e.session, d, now);
+            let (r, ticket) = self.deliver(e.session, e.delivery(&msg), now);
             out.ticket = out.ticket.max(ticket);
             let paced_until = match r {
                 Enqueued::QueuedOverLimit => None,
@@ -174,10 +164,4 @@ impl Broker {
         }
         r
     }
-}
-
-/// MQTT 3.1.x: one delivery per session for overlapping subscriptions, at the highest QoS.
-fn merge_overlaps(targets: &mut Vec<&SubEntry>) {
-    targets.sort_by_key(|e| (e.session.id, std::cmp::Reverse(e.options.qos)));
-    targets.dedup_by(|later, first| first.merge_overlaps && later.session.id == first.session.id);
 }

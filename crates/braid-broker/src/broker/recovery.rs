@@ -55,20 +55,21 @@ impl Broker {
                 st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
             };
             let mut router = self.router.write();
-            for (filter, sub) in &rec.subscriptions {
-                if let Some((inner, group)) = split_filter(filter) {
+            for (filter, sub) in rec.subscriptions {
+                if let Some((inner, group)) = split_filter(&filter) {
                     let entry = SubEntry {
                         session: session.clone(),
                         options: sub.options,
                         sub_id: sub.sub_id,
                         merge_overlaps: false,
+                        overlaps: 0,
                         stream: StreamTag::default(),
                     };
                     router.restore(inner, group, entry);
                 }
+                session.lock().subscriptions.insert(filter, sub);
             }
             drop(router);
-            session.lock().subscriptions = rec.subscriptions.into_iter().collect();
             self.sessions.lock().replace(ById(session.clone()));
             // A will still pending (its connection was lost with the broker, or its delay was
             // running) is sent as if the connection had ended now.

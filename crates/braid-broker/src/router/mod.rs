@@ -1,16 +1,19 @@
 //! Routing: which sessions a message goes to. A topic trie holds normal subscriptions and
-//! shared-subscription groups; [`shared`] picks one member of a group per message.
+//! shared-subscription groups; [`shared`] picks one member of a group per message. Overlapping
+//! subscriptions of one session may be merged into one delivery (see [`Router::route`]).
 
 mod shared;
 mod trie;
 
+use std::cmp::Reverse;
 use std::sync::Arc;
 
+use braid_proto::topic::{intersects, parse_shared};
 use braid_proto::SubscriptionOptions;
 
-use crate::config::SharedStrategy;
-use crate::message::{Message, StreamTag};
-use crate::session::Session;
+use crate::config::{Overlapping, SharedStrategy};
+use crate::message::{Delivery, Message, StreamTag, SubIds};
+use crate::session::{Session, SessionState};
 
 use trie::Trie;
 
@@ -23,11 +26,73 @@ pub struct SubEntry {
     pub options: SubscriptionOptions,
     /// v5 Subscription Identifier.
     pub sub_id: Option<u32>,
-    /// Merge overlapping matches into one delivery at the highest QoS (MQTT 3.1.x rule);
-    /// v5 subscriptions each get their own copy.
+    /// Merge with the session's other matching subscriptions into one delivery at the highest
+    /// QoS: set by the caller for 3.1.x subscriptions, by the router for non-shared ones under
+    /// `mqtt.overlapping = "single"`.
     pub merge_overlaps: bool,
+    /// How many of the session's other subscriptions some topic matches together with this
+    /// one, kept by the router (callers give 0; once at `u16::MAX` it stays there): while 0
+    /// it has nothing to merge with.
+    pub overlaps: u16,
     /// The stream the subscription was made on (QUIC multi-stream).
     pub stream: StreamTag,
+}
+
+/// One delivery of a routed message: for one matching subscription, or for several of one
+/// session merged.
+#[derive(Debug)]
+pub struct Target<'a> {
+    /// The receiving session.
+    pub session: &'a Arc<Session>,
+    /// The subscription, or of merged ones the one with the highest QoS.
+    entry: &'a SubEntry,
+    /// What the merged ones make of the delivery.
+    merged: Option<Box<Merged>>,
+}
+
+/// Several subscriptions' part in one delivery.
+#[derive(Debug)]
+struct Merged {
+    retain_as_published: bool,
+    sub_ids: SubIds,
+}
+
+impl<'a> Target<'a> {
+    fn new(entry: &'a SubEntry) -> Target<'a> {
+        Target { session: &entry.session, entry, merged: None }
+    }
+
+    /// May be merged with another target of its session.
+    fn merges(&self) -> bool {
+        self.entry.merge_overlaps && self.entry.overlaps > 0
+    }
+
+    /// Takes in `other`, a target of the same session whose QoS is not higher.
+    fn absorb(&mut self, other: &Target) {
+        let e = self.entry;
+        let m = self.merged.get_or_insert_with(|| {
+            Box::new(Merged { retain_as_published: e.options.retain_as_published, sub_ids: e.sub_id.into() })
+        });
+        m.retain_as_published |= other.entry.options.retain_as_published;
+        m.sub_ids.merge(&other.entry.sub_id.into());
+    }
+
+    /// The delivery of `msg`.
+    pub fn delivery(&self, msg: &Arc<Message>) -> Delivery {
+        let e = self.entry;
+        let (retain_as_published, sub_ids) = match &self.merged {
+            None => (e.options.retain_as_published, e.sub_id.into()),
+            Some(m) => (m.retain_as_published, m.sub_ids.clone()),
+        };
+        Delivery {
+            msg: msg.clone(),
+            qos: msg.qos.min(e.options.qos),
+            retain: msg.retain && retain_as_published,
+            sub_ids,
+            seq: 0,
+            stream: e.stream,
+        }
+    }
 }
 
 /// The subscription table.
@@ -35,29 +100,61 @@ pub struct SubEntry {
 pub struct Router {
     trie: Trie,
     strategy: SharedStrategy,
+    overlapping: Overlapping,
 }
 
 impl Router {
-    /// An empty table whose shared groups use `strategy`.
-    pub fn new(strategy: SharedStrategy) -> Router {
-        Router { trie: Trie::default(), strategy }
+    /// An empty table whose shared groups use `strategy` and whose v5 subscriptions overlap
+    /// as `overlapping` says.
+    pub fn new(strategy: SharedStrategy, overlapping: Overlapping) -> Router {
+        Router { trie: Trie::default(), strategy, overlapping }
     }
 
     /// Adds or replaces the subscription of `entry.session` to `filter` (in `group` if shared).
-    /// Returns true if it is new.
+    /// Returns true if it is new. The session's `subscriptions` must hold its other ones.
     pub fn subscribe(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
-        self.trie.insert(filter, group, entry, false)
+        self.insert(filter, group, entry, false)
     }
 
     /// Adds a subscription reloaded from the store at start: the session has none to
     /// `filter` yet, so the scan for one (linear in the filter's subscribers) is skipped.
     pub fn restore(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) {
-        self.trie.insert(filter, group, entry, true);
+        self.insert(filter, group, entry, true);
     }
 
-    /// Removes a session's subscription. Returns true if it existed.
+    fn insert(&mut self, filter: &str, group: Option<&str>, mut entry: SubEntry, unique: bool) -> bool {
+        entry.merge_overlaps |= group.is_none() && self.overlapping == Overlapping::Single;
+        let session = entry.session.clone();
+        let st = session.lock();
+        let partners: Vec<_> = overlapping(&st, filter, group).collect();
+        entry.overlaps = u16::try_from(partners.len()).unwrap_or(u16::MAX);
+        let is_new = self.trie.insert(filter, group, entry, unique);
+        if is_new {
+            for (f, g) in partners {
+                if let Some(p) = self.trie.get_mut(f, g, session.id) {
+                    p.overlaps = p.overlaps.saturating_add(1);
+                }
+            }
+        }
+        is_new
+    }
+
+    /// Removes a session's subscription. Returns true if it existed. Call it before the
+    /// session's `subscriptions` lose it.
     pub fn unsubscribe(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> bool {
-        self.trie.remove(filter, group, session_id)
+        let Some(removed) = self.trie.remove(filter, group, session_id) else {
+            return false;
+        };
+        if removed.overlaps > 0 {
+            for (f, g) in overlapping(&removed.session.lock(), filter, group) {
+                // A saturated count is no longer exact: it stays. Never below 0: one entry can
+                // have two keys in `subscriptions` (`$queue/f`, `$share/$queue/f`).
+                if let Some(p) = self.trie.get_mut(f, g, session_id).filter(|p| p.overlaps < u16::MAX) {
+                    p.overlaps = p.overlaps.saturating_sub(1);
+                }
+            }
+        }
+        true
     }
 
     /// Number of subscriptions (each shared-group member counts once).
@@ -70,15 +167,64 @@ impl Router {
         self.trie.is_empty()
     }
 
-    /// The subscriptions `msg` goes to: every matching normal subscription (minus No Local
-    /// ones of the publisher) and one member of every matching shared group.
-    pub fn route<'a>(&'a self, msg: &Message, out: &mut Vec<&'a SubEntry>) {
+    /// The deliveries of `msg`: one for every matching normal subscription (minus No Local
+    /// ones of the publisher) and for one member of every matching shared group. Matches of
+    /// one session that merge (3.1.x; v5 non-shared under `mqtt.overlapping = "single"`) become
+    /// one delivery at the highest QoS, with their Subscription Identifiers and RETAIN kept if
+    /// any of them has Retain As Published. Only subscriptions that overlap another of their
+    /// session take part, and only when two of them match.
+    pub fn route<'a>(&'a self, msg: &Message, out: &mut Vec<Target<'a>>) {
         let strategy = self.strategy;
+        let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
-            out.extend(slot.subs.iter().filter(|e| !(e.options.no_local && e.session.id == msg.origin)));
-            out.extend(slot.groups.iter().filter_map(|g| g.pick(strategy, msg)));
+            let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.session.id == msg.origin));
+            for e in subs.chain(slot.groups.iter().filter_map(|g| g.pick(strategy, msg))) {
+                let t = Target::new(e);
+                merging += usize::from(t.merges());
+                out.push(t);
+            }
         });
+        if merging > 1 {
+            merge_overlaps(out);
+        }
     }
+}
+
+/// The session's subscriptions (filter and group) other than `filter` in `group` that some
+/// topic matches together with it.
+fn overlapping<'a>(
+    st: &'a SessionState,
+    filter: &'a str,
+    group: Option<&'a str>,
+) -> impl Iterator<Item = (&'a str, Option<&'a str>)> {
+    let others = st.subscriptions.keys().map(|f| match parse_shared(f) {
+        Ok(Some(shared)) => (shared.filter, Some(shared.group)),
+        _ => (&**f, None),
+    });
+    others.filter(move |&(f, g)| (f, g) != (filter, group) && intersects(f, filter))
+}
+
+/// Merges the targets that may merge into one per session: the one of the highest QoS (and
+/// its stream) takes in the others' Subscription Identifiers and Retain As Published.
+fn merge_overlaps(targets: &mut Vec<Target<'_>>) {
+    let mut merging = Vec::new();
+    let mut i = 0;
+    while i < targets.len() {
+        if targets[i].merges() {
+            merging.push(targets.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    merging.sort_by_key(|t| (t.session.id, Reverse(t.entry.options.qos)));
+    merging.dedup_by(|later, kept| {
+        let same = later.session.id == kept.session.id;
+        if same {
+            kept.absorb(later);
+        }
+        same
+    });
+    targets.append(&mut merging);
 }
 
 #[cfg(test)]
@@ -86,7 +232,8 @@ mod tests {
     use super::*;
     use crate::config::SessionConfig;
     use crate::session::QueueLimits;
-    use braid_proto::{ByteString, Bytes};
+    use crate::store::SubscriptionRecord;
+    use braid_proto::{ByteString, Bytes, QoS};
 
     fn session(id: u64) -> Arc<Session> {
         let limits = Arc::new(QueueLimits::from_config(&SessionConfig {
@@ -102,13 +249,13 @@ mod tests {
             options: SubscriptionOptions::default(),
             sub_id: None,
             merge_overlaps: false,
+            overlaps: 0,
             stream: Default::default(),
         }
     }
 
-    fn msg(topic: &str) -> Message {
-        let m = Message::internal(ByteString::from(topic), Bytes::new(), false);
-        Arc::try_unwrap(m).unwrap()
+    fn msg(topic: &str) -> Arc<Message> {
+        Message::internal(ByteString::from(topic), Bytes::new(), false)
     }
 
     fn routed(r: &Router, topic: &str) -> Vec<u64> {
@@ -121,7 +268,7 @@ mod tests {
 
     #[test]
     fn wildcards_match_by_level() {
-        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
         let filters = ["a/b", "a/+", "a/#", "#", "+/+/c", "a/+/c/#", "b"];
         let sessions: Vec<_> = (1..=filters.len() as u64).map(session).collect();
         for (f, s) in filters.iter().zip(&sessions) {
@@ -137,7 +284,7 @@ mod tests {
 
     #[test]
     fn dollar_topics_skip_leading_wildcards() {
-        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
         let (s1, s2, s3) = (session(1), session(2), session(3));
         r.subscribe("#", None, entry(&s1));
         r.subscribe("+/broker/uptime", None, entry(&s2));
@@ -147,7 +294,7 @@ mod tests {
 
     #[test]
     fn resubscribe_replaces_and_unsubscribe_prunes() {
-        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
         let s = session(1);
         assert!(r.subscribe("a/+/c", None, entry(&s)));
         assert!(!r.subscribe("a/+/c", None, entry(&s)), "same filter again replaces");
@@ -160,12 +307,12 @@ mod tests {
 
     #[test]
     fn no_local_skips_the_publisher() {
-        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
         let s = session(7);
         let mut e = entry(&s);
         e.options.no_local = true;
         r.subscribe("t", None, e);
-        let mut m = msg("t");
+        let mut m = Arc::try_unwrap(msg("t")).unwrap();
         m.origin = 7;
         let mut out = Vec::new();
         r.route(&m, &mut out);
@@ -174,7 +321,7 @@ mod tests {
 
     #[test]
     fn shared_group_gets_one_member_per_message_and_skips_offline_members() {
-        let mut r = Router::new(SharedStrategy::RoundRobin);
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
         let (a, b) = (session(1), session(2));
         r.subscribe("t", Some("g"), entry(&a));
         r.subscribe("t", Some("g"), entry(&b));
@@ -190,7 +337,7 @@ mod tests {
 
     #[test]
     fn hash_topic_is_stable_per_topic() {
-        let mut r = Router::new(SharedStrategy::HashTopic);
+        let mut r = Router::new(SharedStrategy::HashTopic, Overlapping::Single);
         let sessions: Vec<_> = (1..=3).map(session).collect();
         for s in &sessions {
             r.subscribe("t/+", Some("g"), entry(s));
@@ -200,5 +347,124 @@ mod tests {
             assert_eq!(first.len(), 1);
             assert!((0..5).all(|_| routed(&r, topic) == first));
         }
+    }
+
+    /// Subscribes as the broker does: the router first, then the session's own record.
+    fn subscribe(r: &mut Router, filter: &str, e: SubEntry) {
+        let (inner, group) = match parse_shared(filter).unwrap() {
+            Some(shared) => (shared.filter, Some(shared.group)),
+            None => (filter, None),
+        };
+        let (s, record) = (e.session.clone(), SubscriptionRecord { options: e.options, sub_id: e.sub_id });
+        r.subscribe(inner, group, e);
+        s.lock().subscriptions.insert(ByteString::from(filter), record);
+    }
+
+    fn with(s: &Arc<Session>, sub_id: u32, qos: QoS) -> SubEntry {
+        let mut e = entry(s);
+        e.sub_id = Some(sub_id);
+        e.options.qos = qos;
+        e
+    }
+
+    /// The deliveries of a QoS 1 message to `topic` from session `origin`: session, QoS, ids,
+    /// RETAIN.
+    fn deliveries(r: &Router, topic: &str, retain: bool, origin: u64) -> Vec<(u64, QoS, Vec<u32>, bool)> {
+        let mut m =
+            Arc::try_unwrap(Message::internal(ByteString::from(topic), Bytes::new(), retain)).unwrap();
+        (m.qos, m.origin) = (QoS::AtLeastOnce, origin);
+        let (m, mut out) = (Arc::new(m), Vec::new());
+        r.route(&m, &mut out);
+        let d = |t: &Target| {
+            let d = t.delivery(&m);
+            (t.session.id, d.qos, d.sub_ids.as_slice().to_vec(), d.retain)
+        };
+        let mut got: Vec<_> = out.iter().map(d).collect();
+        got.sort();
+        got
+    }
+
+    #[test]
+    fn single_mode_merges_a_sessions_matches_into_one_delivery() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
+        let (s1, s2) = (session(1), session(2));
+        subscribe(&mut r, "a/+", with(&s1, 1, QoS::AtMostOnce));
+        subscribe(&mut r, "a/#", with(&s1, 2, QoS::ExactlyOnce));
+        subscribe(&mut r, "a/b", with(&s2, 3, QoS::AtLeastOnce));
+        let one = (QoS::AtLeastOnce, vec![1, 2], false);
+        assert_eq!(
+            deliveries(&r, "a/b", false, 0),
+            [(1, one.0, one.1, one.2), (2, QoS::AtLeastOnce, vec![3], false)]
+        );
+        // Only one of them matches: its own id.
+        assert_eq!(deliveries(&r, "a/b/c", false, 0), [(1, QoS::AtLeastOnce, vec![2], false)]);
+
+        let mut per = Router::new(SharedStrategy::RoundRobin, Overlapping::PerSubscription);
+        let s3 = session(3);
+        subscribe(&mut per, "a/+", with(&s3, 1, QoS::AtMostOnce));
+        subscribe(&mut per, "a/#", with(&s3, 2, QoS::ExactlyOnce));
+        let copies = [(3, QoS::AtMostOnce, vec![1], false), (3, QoS::AtLeastOnce, vec![2], false)];
+        assert_eq!(deliveries(&per, "a/b", false, 0), copies);
+    }
+
+    #[test]
+    fn mqtt3_subscriptions_merge_in_per_subscription_mode_too() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::PerSubscription);
+        let s = session(1);
+        for (filter, qos) in [("a/#", QoS::ExactlyOnce), ("a/b", QoS::AtMostOnce)] {
+            let mut e = entry(&s);
+            (e.options.qos, e.merge_overlaps) = (qos, true);
+            subscribe(&mut r, filter, e);
+        }
+        assert_eq!(deliveries(&r, "a/b", false, 0), [(1, QoS::AtLeastOnce, vec![], false)]);
+    }
+
+    #[test]
+    fn merged_delivery_keeps_retain_if_any_match_retains_as_published() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
+        let s = session(1);
+        let mut e = with(&s, 1, QoS::AtMostOnce);
+        e.options.retain_as_published = true;
+        subscribe(&mut r, "a/+", e);
+        subscribe(&mut r, "a/#", with(&s, 2, QoS::AtLeastOnce));
+        assert_eq!(deliveries(&r, "a/b", true, 0), [(1, QoS::AtLeastOnce, vec![1, 2], true)]);
+    }
+
+    #[test]
+    fn shared_subscriptions_and_no_local_ones_are_not_merged() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
+        let s = session(1);
+        let mut local = with(&s, 1, QoS::AtMostOnce);
+        local.options.no_local = true;
+        subscribe(&mut r, "a/+", local);
+        subscribe(&mut r, "a/#", with(&s, 2, QoS::AtMostOnce));
+        subscribe(&mut r, "$share/g/a/b", with(&s, 3, QoS::AtLeastOnce));
+        let shared = (1, QoS::AtLeastOnce, vec![3], false);
+        let merged = (1, QoS::AtMostOnce, vec![1, 2], false);
+        assert_eq!(deliveries(&r, "a/b", false, 0), [merged, shared.clone()]);
+        // From the session itself: the No Local subscription does not match.
+        assert_eq!(deliveries(&r, "a/b", false, 1), [(1, QoS::AtMostOnce, vec![2], false), shared]);
+    }
+
+    #[test]
+    fn each_subscription_counts_the_others_it_overlaps() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
+        let s = session(1);
+        let filters = ["a/b", "c/d", "$SYS/x", "+/b", "#"];
+        let counts = |r: &mut Router| filters.map(|f| r.trie.get_mut(f, None, 1).map_or(0, |e| e.overlaps));
+        for filter in &filters[..3] {
+            subscribe(&mut r, filter, entry(&s));
+        }
+        assert_eq!(counts(&mut r), [0, 0, 0, 0, 0], "no topic matches two of them");
+        subscribe(&mut r, "+/b", entry(&s));
+        subscribe(&mut r, "#", entry(&s));
+        assert_eq!(counts(&mut r), [2, 1, 0, 2, 3], "# does not match $SYS/x");
+        subscribe(&mut r, "#", entry(&s));
+        assert_eq!(counts(&mut r), [2, 1, 0, 2, 3], "a subscription replaced");
+        for filter in ["#", "a/b"] {
+            assert!(r.unsubscribe(filter, None, s.id));
+            s.lock().subscriptions.remove(filter);
+        }
+        assert_eq!(counts(&mut r), [0; 5]);
     }
 }

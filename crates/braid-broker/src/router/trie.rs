@@ -46,13 +46,19 @@ impl Slot {
         }
     }
 
-    fn remove(&mut self, group: Option<&str>, session_id: u64) -> bool {
+    fn entry_mut(&mut self, group: Option<&str>, session_id: u64) -> Option<&mut SubEntry> {
+        let list = match group {
+            None => &mut self.subs,
+            Some(name) => &mut self.groups.iter_mut().find(|g| &*g.name == name)?.members,
+        };
+        list.iter_mut().find(|e| e.session.id == session_id)
+    }
+
+    fn remove(&mut self, group: Option<&str>, session_id: u64) -> Option<SubEntry> {
         match group {
             None => remove_session(&mut self.subs, session_id),
             Some(name) => {
-                let Some(i) = self.groups.iter().position(|g| &*g.name == name) else {
-                    return false;
-                };
+                let i = self.groups.iter().position(|g| &*g.name == name)?;
                 let removed = remove_session(&mut self.groups[i].members, session_id);
                 if self.groups[i].members.is_empty() {
                     self.groups.swap_remove(i);
@@ -63,10 +69,9 @@ impl Slot {
     }
 }
 
-fn remove_session(list: &mut Vec<SubEntry>, session_id: u64) -> bool {
-    let before = list.len();
-    list.retain(|e| e.session.id != session_id);
-    list.len() != before
+fn remove_session(list: &mut Vec<SubEntry>, session_id: u64) -> Option<SubEntry> {
+    let i = list.iter().position(|e| e.session.id == session_id)?;
+    Some(list.remove(i))
 }
 
 #[derive(Debug, Default)]
@@ -115,12 +120,27 @@ impl Trie {
         new
     }
 
-    /// Removes a session's subscription to `filter`, pruning empty branches. True if it existed.
-    pub fn remove(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> bool {
+    /// Removes a session's subscription to `filter`, pruning empty branches; returns it.
+    pub fn remove(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> Option<SubEntry> {
         let levels: Vec<&str> = filter.split('/').collect();
         let removed = remove_at(&mut self.root, &levels, group, session_id);
-        self.len -= usize::from(removed);
+        self.len -= usize::from(removed.is_some());
         removed
+    }
+
+    /// A session's subscription to `filter`.
+    pub fn get_mut(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> Option<&mut SubEntry> {
+        let mut node = &mut self.root;
+        let mut levels = filter.split('/').peekable();
+        let slot = loop {
+            match levels.next() {
+                None => break &mut node.here,
+                Some("#") if levels.peek().is_none() => break &mut node.multi,
+                Some("+") => node = node.plus.as_deref_mut()?,
+                Some(level) => node = node.children.get_mut(level)?,
+            }
+        };
+        slot.entry_mut(group, session_id)
     }
 
     /// Number of subscriptions.
@@ -165,14 +185,12 @@ fn walk<'a>(node: &'a Node, rest: Option<&str>, wild: bool, f: &mut impl FnMut(&
     }
 }
 
-fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: u64) -> bool {
+fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: u64) -> Option<SubEntry> {
     match levels {
         [] => node.here.remove(group, session_id),
         ["#"] => node.multi.remove(group, session_id),
         [level, rest @ ..] if *level == "+" => {
-            let Some(plus) = node.plus.as_mut() else {
-                return false;
-            };
+            let plus = node.plus.as_mut()?;
             let removed = remove_at(plus, rest, group, session_id);
             if plus.is_empty() {
                 node.plus = None;
@@ -180,9 +198,7 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: 
             removed
         }
         [level, rest @ ..] => {
-            let Some(child) = node.children.get_mut(*level) else {
-                return false;
-            };
+            let child = node.children.get_mut(*level)?;
             let removed = remove_at(child, rest, group, session_id);
             if child.is_empty() {
                 node.children.remove(*level);

@@ -241,7 +241,7 @@ mod tests {
             msg: Message::internal(ByteString::from_static("t"), Bytes::new(), false),
             qos: QoS::AtLeastOnce,
             retain: false,
-            sub_id: None,
+            sub_ids: Default::default(),
             seq: 0,
             stream: Default::default(),
         }

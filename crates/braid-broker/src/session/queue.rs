@@ -264,7 +264,7 @@ mod tests {
 
     fn d(qos: QoS, payload: usize) -> Delivery {
         let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
-        Delivery { msg, qos, retain: false, sub_id: None, seq: 0, stream: Default::default() }
+        Delivery { msg, qos, retain: false, sub_ids: Default::default(), seq: 0, stream: Default::default() }
     }
 
     #[test]

@@ -540,8 +540,9 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
         if let Some(left) = msg.remaining_expiry(now) {
             p.properties.message_expiry_interval = Some(left);
         }
-        if let Some(id) = d.sub_id {
-            p.properties.subscription_identifiers.push(id);
+        let ids = d.sub_ids.as_slice();
+        if !ids.is_empty() {
+            p.properties.subscription_identifiers.extend_from_slice(ids);
         }
     }
     // Most clients set no Maximum Packet Size: then there is nothing to measure.
@@ -590,7 +591,7 @@ mod tests {
             msg: Message::internal(ByteString::from_static(topic), Bytes::from_static(b"payload"), false),
             qos,
             retain: false,
-            sub_id: None,
+            sub_ids: Default::default(),
             seq: 0,
             stream: Default::default(),
         }
@@ -775,7 +776,7 @@ mod tests {
                     msg,
                     qos: QoS::AtLeastOnce,
                     retain: false,
-                    sub_id: None,
+                    sub_ids: Default::default(),
                     seq: 0,
                     stream: Default::default(),
                 },

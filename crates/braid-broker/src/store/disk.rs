@@ -777,14 +777,15 @@ mod tests {
         StoreConfig { data_dir: dir.into(), ..Default::default() }
     }
 
-    fn delivery(payload: &'static str) -> Delivery {
+    /// A delivery with Subscription Identifiers `ids`.
+    fn delivery(payload: &'static str, ids: &[u32]) -> Delivery {
         let msg =
             Message::internal(ByteString::from_static("a/b"), Bytes::from_static(payload.as_bytes()), false);
         Delivery {
             msg,
             qos: QoS::ExactlyOnce,
             retain: false,
-            sub_id: Some(7),
+            sub_ids: ids.iter().copied().collect(),
             seq: 0,
             stream: Default::default(),
         }
@@ -814,8 +815,8 @@ mod tests {
                 )],
                 offline_since: Some(5),
             }));
-            for (seq, p) in [(1, "one"), (2, "two"), (3, "three")] {
-                store.submit(Op::Append { session: 3, seq, delivery: delivery(p) });
+            for (seq, p, ids) in [(1, "one", &[7][..]), (2, "two", &[7]), (3, "three", &[7, 9])] {
+                store.submit(Op::Append { session: 3, seq, delivery: delivery(p, ids) });
             }
             store.submit(Op::Stage { session: 3, seq: 2, stage: Stage::Released });
             store.submit(Op::Done { session: 3, seq: 1 });
@@ -845,7 +846,11 @@ mod tests {
                 (3, Stage::Queued, Bytes::from_static(b"three"))
             ]
         );
-        assert_eq!((loaded[0].delivery.qos, loaded[0].delivery.sub_id), (QoS::ExactlyOnce, Some(7)));
+        assert_eq!(
+            (loaded[0].delivery.qos, loaded[0].delivery.sub_ids.as_slice()),
+            (QoS::ExactlyOnce, &[7][..])
+        );
+        assert_eq!(loaded[1].delivery.sub_ids.as_slice(), [7, 9], "a merged delivery keeps every id");
     }
 
     #[test]

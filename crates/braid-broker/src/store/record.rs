@@ -224,16 +224,21 @@ pub fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
     Ok(SessionRecord { id, client_id: c.client_id, expiry_secs, will: c.will, subscriptions, offline_since })
 }
 
-/// Body of an APPEND record.
+/// Body of an APPEND record. The first Subscription Identifier (0: none) precedes the message,
+/// any further ones (a merged delivery's) follow it, where older records end.
 pub fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + d.msg.topic.len() + d.msg.payload.len());
     out.extend_from_slice(&session.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.push(d.qos as u8);
     out.push(u8::from(d.retain));
-    out.extend_from_slice(&d.sub_id.unwrap_or(0).to_le_bytes());
+    let ids = d.sub_ids.as_slice();
+    out.extend_from_slice(&ids.first().copied().unwrap_or(0).to_le_bytes());
     out.extend_from_slice(&unix_ms(d.msg.expires_at).to_le_bytes());
     put_blob(&mut out, &message_packet(&d.msg));
+    for id in ids.iter().skip(1) {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
     out
 }
 
@@ -249,10 +254,11 @@ pub fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
     let (_session, seq) = (r.u64()?, r.u64()?);
     let qos = QoS::from_u8(r.u8()?).ok_or("bad QoS in record")?;
     let retain = r.u8()? != 0;
-    let sub_id = Some(r.u32()?).filter(|id| *id != 0);
+    let first = r.u32()?;
     let expires = r.u64()?;
     let msg = message_from(r.blob()?, expires)?;
-    Ok((seq, Delivery { msg, qos, retain, sub_id, seq, stream: Default::default() }))
+    let sub_ids = std::iter::once(first).chain(std::iter::from_fn(|| r.u32().ok())).collect();
+    Ok((seq, Delivery { msg, qos, retain, sub_ids, seq, stream: Default::default() }))
 }
 
 /// Body of a STAGE record.
