@@ -1,11 +1,13 @@
 //! SUBSCRIBE, UNSUBSCRIBE and PUBLISH: the router and the retained store on one side, the
 //! target sessions on the other.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::{
-    Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
+    Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, SubscriptionOptions,
+    UnsubAck, Unsubscribe,
 };
 
 use super::{split_filter, Broker, Holder, Published};
@@ -13,7 +15,7 @@ use crate::auth::ConnectionAcl;
 use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
-use crate::router::SubEntry;
+use crate::router::{RemoteRef, RemoteSink, SubEntry, Subscriber};
 use crate::session::{Enqueued, Session};
 use crate::store::{Op, SubscriptionRecord, Ticket};
 
@@ -46,8 +48,8 @@ impl Broker {
             }
             options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
             let merge_overlaps = !version.is_v5();
-            let entry =
-                SubEntry { session: session.clone(), options, sub_id, merge_overlaps, overlaps: 0, stream };
+            let to = Subscriber::Session(session.clone());
+            let entry = SubEntry { to, options, sub_id, merge_overlaps, overlaps: 0, stream };
             let is_new = self.router.write().subscribe(inner, group, entry);
             session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
@@ -142,7 +144,14 @@ impl Broker {
         let mut targets = Vec::new();
         router.route(&msg, &mut targets);
         for e in targets {
-            let (r, ticket) = self.deliver(e.session, e.delivery(&msg), now);
+            let session = match e.to {
+                Subscriber::Session(session) => session,
+                Subscriber::Remote(remote) => {
+                    self.count_drop(remote.sink.deliver(e.delivery(&msg), now));
+                    continue;
+                }
+            };
+            let (r, ticket) = self.deliver(session, e.delivery(&msg), now);
             out.ticket = out.ticket.max(ticket);
             let paced_until = match r {
                 Enqueued::QueuedOverLimit => None,
@@ -150,8 +159,8 @@ impl Broker {
                 _ => continue,
             };
             // A client is never held back by its own subscription.
-            if e.session.id != msg.origin {
-                out.held.push(Holder { session: e.session.clone(), paced_until });
+            if session.id != msg.origin {
+                out.held.push(Holder { session: session.clone(), paced_until });
             }
         }
         out
@@ -159,9 +168,47 @@ impl Broker {
 
     fn deliver(&self, session: &Session, d: Delivery, now: Instant) -> (Enqueued, Ticket) {
         let r = session.deliver(d, now);
-        if matches!(r.0, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
+        self.count_drop(r.0);
+        r
+    }
+
+    /// Counts a delivery dropped by a full queue.
+    fn count_drop(&self, r: Enqueued) {
+        if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
             Metrics::add(&self.metrics.messages_dropped, 1);
         }
-        r
+    }
+
+    /// Gives `sink`, a subscriber that is not a session of this broker (another node, a
+    /// bridge), an id among sessions, to subscribe it with [`Broker::subscribe_remote`].
+    pub fn remote_sink(&self, sink: Arc<dyn RemoteSink>) -> RemoteRef {
+        RemoteRef { id: self.next_session_id.fetch_add(1, Ordering::Relaxed), sink }
+    }
+
+    /// Subscribes `remote` to `filter` (a `$share/{group}/` filter makes it a group member)
+    /// with `options`: from now on, matching messages are handed to it. True if it is new;
+    /// `Err(0x8F)` for an invalid filter.
+    pub fn subscribe_remote(
+        &self,
+        remote: &RemoteRef,
+        filter: &str,
+        options: SubscriptionOptions,
+    ) -> Result<bool, ReasonCode> {
+        let (inner, group) = split_filter(filter).ok_or(ReasonCode::TopicFilterInvalid)?;
+        let entry = SubEntry {
+            to: Subscriber::Remote(remote.clone()),
+            options,
+            sub_id: None,
+            merge_overlaps: false,
+            overlaps: 0,
+            stream: StreamTag::default(),
+        };
+        Ok(self.router.write().subscribe(inner, group, entry))
+    }
+
+    /// Removes `remote`'s subscription to `filter`; true if it existed.
+    pub fn unsubscribe_remote(&self, remote: &RemoteRef, filter: &str) -> bool {
+        split_filter(filter)
+            .is_some_and(|(inner, group)| self.router.write().unsubscribe(inner, group, remote.id))
     }
 }

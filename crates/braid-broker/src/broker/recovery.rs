@@ -9,7 +9,7 @@ use braid_proto::QoS;
 use super::lifecycle::will_delay;
 use super::{split_filter, Broker, ById};
 use crate::message::StreamTag;
-use crate::router::SubEntry;
+use crate::router::{SubEntry, Subscriber};
 use crate::session::{OnDisk, Persist, Queue, Session};
 
 impl Broker {
@@ -58,7 +58,7 @@ impl Broker {
             for (filter, sub) in rec.subscriptions {
                 if let Some((inner, group)) = split_filter(&filter) {
                     let entry = SubEntry {
-                        session: session.clone(),
+                        to: Subscriber::Session(session.clone()),
                         options: sub.options,
                         sub_id: sub.sub_id,
                         merge_overlaps: false,

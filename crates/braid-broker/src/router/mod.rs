@@ -2,48 +2,29 @@
 //! shared-subscription groups; [`shared`] picks one member of a group per message. Overlapping
 //! subscriptions of one session may be merged into one delivery (see [`Router::route`]).
 
+mod entry;
 mod shared;
 mod trie;
+
+pub use entry::{RemoteRef, RemoteSink, SubEntry, Subscriber};
 
 use std::cmp::Reverse;
 use std::sync::Arc;
 
 use braid_proto::topic::{intersects, parse_shared};
-use braid_proto::SubscriptionOptions;
 
 use crate::config::{Overlapping, SharedStrategy};
-use crate::message::{Delivery, Message, StreamTag, SubIds};
-use crate::session::{Session, SessionState};
+use crate::message::{Delivery, Message, SubIds};
+use crate::session::SessionState;
 
 use trie::Trie;
-
-/// One subscription in the trie.
-#[derive(Debug, Clone)]
-pub struct SubEntry {
-    /// The subscribing session.
-    pub session: Arc<Session>,
-    /// Subscription options.
-    pub options: SubscriptionOptions,
-    /// v5 Subscription Identifier.
-    pub sub_id: Option<u32>,
-    /// Merge with the session's other matching subscriptions into one delivery at the highest
-    /// QoS: set by the caller for 3.1.x subscriptions, by the router for non-shared ones under
-    /// `mqtt.overlapping = "single"`.
-    pub merge_overlaps: bool,
-    /// How many of the session's other subscriptions some topic matches together with this
-    /// one, kept by the router (callers give 0; once at `u16::MAX` it stays there): while 0
-    /// it has nothing to merge with.
-    pub overlaps: u16,
-    /// The stream the subscription was made on (QUIC multi-stream).
-    pub stream: StreamTag,
-}
 
 /// One delivery of a routed message: for one matching subscription, or for several of one
 /// session merged.
 #[derive(Debug)]
 pub struct Target<'a> {
-    /// The receiving session.
-    pub session: &'a Arc<Session>,
+    /// The receiver.
+    pub to: &'a Subscriber,
     /// The subscription, or of merged ones the one with the highest QoS.
     entry: &'a SubEntry,
     /// What the merged ones make of the delivery.
@@ -59,7 +40,7 @@ struct Merged {
 
 impl<'a> Target<'a> {
     fn new(entry: &'a SubEntry) -> Target<'a> {
-        Target { session: &entry.session, entry, merged: None }
+        Target { to: &entry.to, entry, merged: None }
     }
 
     /// May be merged with another target of its session.
@@ -110,7 +91,7 @@ impl Router {
         Router { trie: Trie::default(), strategy, overlapping }
     }
 
-    /// Adds or replaces the subscription of `entry.session` to `filter` (in `group` if shared).
+    /// Adds or replaces the subscription of `entry.to` to `filter` (in `group` if shared).
     /// Returns true if it is new. The session's `subscriptions` must hold its other ones.
     pub fn subscribe(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
         self.insert(filter, group, entry, false)
@@ -124,7 +105,11 @@ impl Router {
 
     fn insert(&mut self, filter: &str, group: Option<&str>, mut entry: SubEntry, unique: bool) -> bool {
         entry.merge_overlaps |= group.is_none() && self.overlapping == Overlapping::Single;
-        let session = entry.session.clone();
+        let Subscriber::Session(session) = entry.to.clone() else {
+            // A remote sink's subscriptions never merge.
+            entry.merge_overlaps = false;
+            return self.trie.insert(filter, group, entry, unique);
+        };
         let st = session.lock();
         let partners: Vec<_> = overlapping(&st, filter, group).collect();
         entry.overlaps = u16::try_from(partners.len()).unwrap_or(u16::MAX);
@@ -145,8 +130,8 @@ impl Router {
         let Some(removed) = self.trie.remove(filter, group, session_id) else {
             return false;
         };
-        if removed.overlaps > 0 {
-            for (f, g) in overlapping(&removed.session.lock(), filter, group) {
+        if let (true, Subscriber::Session(session)) = (removed.overlaps > 0, &removed.to) {
+            for (f, g) in overlapping(&session.lock(), filter, group) {
                 // A saturated count is no longer exact: it stays. Never below 0: one entry can
                 // have two keys in `subscriptions` (`$queue/f`, `$share/$queue/f`).
                 if let Some(p) = self.trie.get_mut(f, g, session_id).filter(|p| p.overlaps < u16::MAX) {
@@ -177,7 +162,7 @@ impl Router {
         let strategy = self.strategy;
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
-            let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.session.id == msg.origin));
+            let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.to.id() == msg.origin));
             for e in subs.chain(slot.groups.iter().filter_map(|g| g.pick(strategy, msg))) {
                 let t = Target::new(e);
                 merging += usize::from(t.merges());
@@ -216,9 +201,9 @@ fn merge_overlaps(targets: &mut Vec<Target<'_>>) {
             i += 1;
         }
     }
-    merging.sort_by_key(|t| (t.session.id, Reverse(t.entry.options.qos)));
+    merging.sort_by_key(|t| (t.to.id(), Reverse(t.entry.options.qos)));
     merging.dedup_by(|later, kept| {
-        let same = later.session.id == kept.session.id;
+        let same = later.to.id() == kept.to.id();
         if same {
             kept.absorb(later);
         }
@@ -232,7 +217,9 @@ mod tests {
     use super::*;
     use crate::config::SessionConfig;
     use crate::session::QueueLimits;
+    use crate::session::Session;
     use crate::store::SubscriptionRecord;
+    use braid_proto::SubscriptionOptions;
     use braid_proto::{ByteString, Bytes, QoS};
 
     fn session(id: u64) -> Arc<Session> {
@@ -245,7 +232,7 @@ mod tests {
 
     fn entry(s: &Arc<Session>) -> SubEntry {
         SubEntry {
-            session: s.clone(),
+            to: Subscriber::Session(s.clone()),
             options: SubscriptionOptions::default(),
             sub_id: None,
             merge_overlaps: false,
@@ -261,7 +248,7 @@ mod tests {
     fn routed(r: &Router, topic: &str) -> Vec<u64> {
         let mut out = Vec::new();
         r.route(&msg(topic), &mut out);
-        let mut ids: Vec<u64> = out.iter().map(|e| e.session.id).collect();
+        let mut ids: Vec<u64> = out.iter().map(|e| e.to.id()).collect();
         ids.sort();
         ids
     }
@@ -355,7 +342,8 @@ mod tests {
             Some(shared) => (shared.filter, Some(shared.group)),
             None => (filter, None),
         };
-        let (s, record) = (e.session.clone(), SubscriptionRecord { options: e.options, sub_id: e.sub_id });
+        let (s, record) =
+            (e.to.session().unwrap().clone(), SubscriptionRecord { options: e.options, sub_id: e.sub_id });
         r.subscribe(inner, group, e);
         s.lock().subscriptions.insert(ByteString::from(filter), record);
     }
@@ -377,7 +365,7 @@ mod tests {
         r.route(&m, &mut out);
         let d = |t: &Target| {
             let d = t.delivery(&m);
-            (t.session.id, d.qos, d.sub_ids.as_slice().to_vec(), d.retain)
+            (t.to.id(), d.qos, d.sub_ids.as_slice().to_vec(), d.retain)
         };
         let mut got: Vec<_> = out.iter().map(d).collect();
         got.sort();

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::config::SharedStrategy;
 use crate::message::Message;
 
-use super::SubEntry;
+use super::entry::SubEntry;
 
 /// The members of one `$share/{group}/{filter}`.
 #[derive(Debug)]
@@ -40,10 +40,8 @@ impl Group {
             SharedStrategy::HashTopic => hash(msg.topic.as_bytes()),
             SharedStrategy::Sticky => self.cursor.load(Ordering::Relaxed),
         } % n;
-        let chosen = (0..n)
-            .map(|i| (first + i) % n)
-            .find(|&i| self.members[i].session.lock().can_accept())
-            .unwrap_or(first);
+        let chosen =
+            (0..n).map(|i| (first + i) % n).find(|&i| self.members[i].to.can_accept()).unwrap_or(first);
         if strategy == SharedStrategy::Sticky && chosen != first {
             self.cursor.store(chosen, Ordering::Relaxed);
         }

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
+use super::entry::SubEntry;
 use super::shared::Group;
-use super::SubEntry;
 
 /// The subscriptions that end at one place in the trie.
 #[derive(Debug, Default)]
@@ -34,7 +34,7 @@ impl Slot {
                 &mut self.groups[i].members
             }
         };
-        match list.iter_mut().find(|e| !unique && e.session.id == entry.session.id) {
+        match list.iter_mut().find(|e| !unique && e.to.id() == entry.to.id()) {
             Some(existing) => {
                 *existing = entry;
                 false
@@ -51,7 +51,7 @@ impl Slot {
             None => &mut self.subs,
             Some(name) => &mut self.groups.iter_mut().find(|g| &*g.name == name)?.members,
         };
-        list.iter_mut().find(|e| e.session.id == session_id)
+        list.iter_mut().find(|e| e.to.id() == session_id)
     }
 
     fn remove(&mut self, group: Option<&str>, session_id: u64) -> Option<SubEntry> {
@@ -70,7 +70,7 @@ impl Slot {
 }
 
 fn remove_session(list: &mut Vec<SubEntry>, session_id: u64) -> Option<SubEntry> {
-    let i = list.iter().position(|e| e.session.id == session_id)?;
+    let i = list.iter().position(|e| e.to.id() == session_id)?;
     Some(list.remove(i))
 }
 

@@ -20,13 +20,13 @@ use tracing::{error, info, warn};
 
 use braid_proto::ByteString;
 
+use super::backend::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket};
 use super::record::{self, kind};
-use super::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket};
 use crate::config::{Durability, StoreConfig};
 use crate::message::Message;
 
 /// Marks a directory as a Braid store and names the format version.
-pub(super) const MARKER: &str = "braid-store";
+const MARKER: &str = "braid-store";
 const MARKER_TEXT: &str = "braid store format 1\n";
 /// First bytes of every segment file.
 const SEGMENT_MAGIC: &[u8; 16] = b"BRAID-SEGMENT-1\n";
@@ -193,7 +193,7 @@ fn prepare_dir(dir: &Path) -> Result<File, StoreError> {
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .find(|n| n != "lost+found");
             if let Some(found) = foreign {
-                return Err(StoreError::Foreign { dir: dir.into(), found });
+                return Err(StoreError::Foreign { dir: dir.into(), marker: MARKER, found });
             }
             fs::write(&marker, MARKER_TEXT).map_err(io_error(&marker, "cannot write the store marker"))?;
         }
@@ -883,7 +883,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("notes.txt"), "mine").unwrap();
         match DiskStore::open(&config(dir.path())) {
-            Err(StoreError::Foreign { dir: at, found }) => {
+            Err(StoreError::Foreign { dir: at, found, .. }) => {
                 assert_eq!((at.as_path(), found.as_str()), (dir.path(), "notes.txt"))
             }
             other => panic!("{other:?}"),

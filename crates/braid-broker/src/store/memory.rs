@@ -4,7 +4,7 @@
 
 use tokio::sync::watch;
 
-use super::{Op, Recovered, Store, Ticket};
+use super::backend::{Op, Recovered, Store, Ticket};
 
 /// Keeps nothing; every change is "durable" at once.
 #[derive(Debug)]

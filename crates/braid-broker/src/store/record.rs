@@ -10,8 +10,7 @@ use braid_proto::{
     Subscribe,
 };
 
-use super::SubscriptionRecord;
-use super::{SessionRecord, Stage};
+use super::backend::{SessionRecord, Stage, SubscriptionRecord};
 use crate::message::{Delivery, Message};
 
 /// Bytes before a record's kind: length and CRC.

@@ -1,0 +1,94 @@
+//! What the subscription table holds: a subscription and who it delivers to. A subscriber is a
+//! session of this broker, or something that is not local — another node of a cluster, a
+//! bridge — reached through one interface, [`RemoteSink`]. The core knows nothing of what is
+//! behind it: a cluster or bridge crate implements it and subscribes with
+//! [`crate::broker::Broker::subscribe_remote`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use braid_proto::SubscriptionOptions;
+
+use crate::message::{Delivery, StreamTag};
+use crate::session::{Enqueued, Session};
+
+/// A subscriber that is not a session of this broker.
+pub trait RemoteSink: Send + Sync + std::fmt::Debug {
+    /// Takes `delivery`, routed at `now`, and says what became of it as a session's queue
+    /// would: queued (taken), or dropped (counted by the broker). Holding the publisher back
+    /// is a session's way only; a remote sink that cannot take more must queue (an outbox)
+    /// or drop.
+    fn deliver(&self, delivery: Delivery, now: Instant) -> Enqueued;
+
+    /// True if it can take a delivery now: a shared group passes a member that cannot over
+    /// for one that can.
+    fn can_accept(&self) -> bool {
+        true
+    }
+}
+
+/// A remote sink with the id the broker gave it ([`crate::broker::Broker::remote_sink`]),
+/// unique among sessions and sinks.
+#[derive(Debug, Clone)]
+pub struct RemoteRef {
+    /// Its id.
+    pub id: u64,
+    /// The sink.
+    pub sink: Arc<dyn RemoteSink>,
+}
+
+/// Who a subscription delivers to.
+#[derive(Debug, Clone)]
+pub enum Subscriber {
+    /// A session of this broker.
+    Session(Arc<Session>),
+    /// Something that is not local (see [`RemoteSink`]).
+    Remote(RemoteRef),
+}
+
+impl Subscriber {
+    /// Its id: the session's, or the remote sink's.
+    pub fn id(&self) -> u64 {
+        match self {
+            Subscriber::Session(s) => s.id,
+            Subscriber::Remote(r) => r.id,
+        }
+    }
+
+    /// The session, if it is one.
+    pub fn session(&self) -> Option<&Arc<Session>> {
+        match self {
+            Subscriber::Session(s) => Some(s),
+            Subscriber::Remote(_) => None,
+        }
+    }
+
+    /// True if it can take a delivery now (see [`RemoteSink::can_accept`]).
+    pub fn can_accept(&self) -> bool {
+        match self {
+            Subscriber::Session(s) => s.lock().can_accept(),
+            Subscriber::Remote(r) => r.sink.can_accept(),
+        }
+    }
+}
+
+/// One subscription in the trie.
+#[derive(Debug, Clone)]
+pub struct SubEntry {
+    /// Who it delivers to.
+    pub to: Subscriber,
+    /// Subscription options.
+    pub options: SubscriptionOptions,
+    /// v5 Subscription Identifier.
+    pub sub_id: Option<u32>,
+    /// Merge with the session's other matching subscriptions into one delivery at the highest
+    /// QoS: set by the caller for 3.1.x subscriptions, by the router for non-shared ones under
+    /// `mqtt.overlapping = "single"`.
+    pub merge_overlaps: bool,
+    /// How many of the session's other subscriptions some topic matches together with this
+    /// one, kept by the router (callers give 0; once at `u16::MAX` it stays there): while 0
+    /// it has nothing to merge with.
+    pub overlaps: u16,
+    /// The stream the subscription was made on (QUIC multi-stream).
+    pub stream: StreamTag,
+}
