@@ -3,8 +3,6 @@
 //! [`decode`] turns bytes from a read buffer into a [`Packet`] whose topic and payload are
 //! zero-copy slices of that buffer; [`encode`] writes a packet into a write buffer. Nothing here
 //! does I/O or reads a clock, so every function can be fuzzed and tested in isolation.
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod codec;
 mod error;
