@@ -12,7 +12,7 @@ use crate::message::Message;
 use crate::metrics::Metrics;
 
 /// Publishes `$SYS` topics until shutdown; returns at once if the interval is 0.
-pub async fn run(broker: Arc<Broker>) {
+pub(crate) async fn run(broker: Arc<Broker>) {
     let secs = broker.config.sys.interval_secs;
     if secs == 0 {
         return;

@@ -186,7 +186,7 @@ impl Connection {
     /// The task for a connection that just received `ack`, and the shared state for the
     /// handles. A QUIC data stream is given its connection's window (`stream_of`) and takes
     /// its publishes' slots from it.
-    pub fn new(
+    pub(crate) fn new(
         opts: ClientOptions,
         ack: &ConnAck,
         commands: mpsc::Receiver<Command>,
@@ -236,7 +236,7 @@ impl Connection {
     }
 
     /// Serves `first`, then (if configured) reconnects until the client is closed.
-    pub async fn run(mut self, first: Link) {
+    pub(crate) async fn run(mut self, first: Link) {
         let mut next = Some(first);
         while let Some(mut link) = next.take() {
             let ending = self.serve(&mut link).await;

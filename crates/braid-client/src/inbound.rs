@@ -54,18 +54,18 @@ pub(crate) struct Inbound {
 
 impl Inbound {
     /// State for a connection that announced `alias_max` topic aliases.
-    pub fn new(alias_max: u16) -> Inbound {
+    pub(crate) fn new(alias_max: u16) -> Inbound {
         Inbound { alias_max, ..Default::default() }
     }
 
     /// The current session epoch.
-    pub fn epoch(&self) -> u32 {
+    pub(crate) fn epoch(&self) -> u32 {
         self.epoch
     }
 
     /// A new connection: aliases start over; without a resumed session the QoS 2 state is
     /// gone too, and acks for messages of the old session will not be sent.
-    pub fn on_connect(&mut self, session_present: bool) {
+    pub(crate) fn on_connect(&mut self, session_present: bool) {
         self.aliases.clear();
         if !session_present {
             self.qos2.clear();
@@ -74,7 +74,7 @@ impl Inbound {
     }
 
     /// Handles a PUBLISH.
-    pub fn on_publish(&mut self, mut p: Publish) -> Action {
+    pub(crate) fn on_publish(&mut self, mut p: Publish) -> Action {
         if let Some(alias) = p.properties.topic_alias {
             if alias == 0 || alias > self.alias_max {
                 return Action::Close(
@@ -109,7 +109,7 @@ impl Inbound {
     }
 
     /// The application took a QoS 1/2 message: the PUBACK or PUBREC to send, if any.
-    pub fn on_taken(&mut self, t: Taken) -> Option<Packet> {
+    pub(crate) fn on_taken(&mut self, t: Taken) -> Option<Packet> {
         if t.epoch != self.epoch {
             return None;
         }
@@ -125,7 +125,7 @@ impl Inbound {
     }
 
     /// PUBREL: forget the id and answer with PUBCOMP (0x92 if the id is unknown).
-    pub fn on_pubrel(&mut self, id: u16) -> Packet {
+    pub(crate) fn on_pubrel(&mut self, id: u16) -> Packet {
         match self.qos2.get(&id) {
             Some(Qos2::Received) => {
                 self.qos2.remove(&id);

@@ -23,7 +23,7 @@ pub(crate) struct Completion {
 
 impl Completion {
     /// Hands the result to the application, if it still waits for it.
-    pub fn resolve(self) {
+    pub(crate) fn resolve(self) {
         if let Some(done) = self.done {
             let _ = done.send(self.result);
         }
@@ -76,13 +76,13 @@ pub(crate) struct Inflight {
 impl Inflight {
     /// Publishes not yet complete (each holds a window slot).
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// A packet identifier used neither here nor by `busy` (SUBSCRIBE / UNSUBSCRIBE awaiting
     /// their acks); `None` if all 65,535 are taken.
-    pub fn allocate_id(&mut self, busy: impl Fn(u16) -> bool) -> Option<u16> {
+    pub(crate) fn allocate_id(&mut self, busy: impl Fn(u16) -> bool) -> Option<u16> {
         for _ in 0..u16::MAX {
             self.next_id = self.next_id.checked_add(1).unwrap_or(1);
             let id = self.next_id;
@@ -95,7 +95,7 @@ impl Inflight {
 
     /// Adds a QoS 1/2 PUBLISH whose packet id is `id` (from [`Inflight::allocate_id`]); it is
     /// transmitted after everything queued before it, once the window has room.
-    pub fn push(&mut self, id: u16, packet: Box<Packet>, done: Option<Done>) {
+    pub(crate) fn push(&mut self, id: u16, packet: Box<Packet>, done: Option<Done>) {
         debug_assert!(matches!(&*packet, Packet::Publish(p) if p.packet_id == id));
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -108,7 +108,7 @@ impl Inflight {
 
     /// The next packet to transmit while fewer than `window` publishes are outstanding on
     /// this connection; the entry counts as sent from now on.
-    pub fn poll_transmit(&mut self, window: usize) -> Option<Transmission<'_>> {
+    pub(crate) fn poll_transmit(&mut self, window: usize) -> Option<Transmission<'_>> {
         while self.sent < window {
             let id = self.unsent.pop_front()?;
             // An entry may have completed (or been acknowledged) after it was queued.
@@ -128,7 +128,7 @@ impl Inflight {
     }
 
     /// Removes an entry that could not be encoded.
-    pub fn fail(&mut self, id: u16, error: Error) -> Option<Completion> {
+    pub(crate) fn fail(&mut self, id: u16, error: Error) -> Option<Completion> {
         self.complete(id, Err(error))
     }
 
@@ -141,7 +141,7 @@ impl Inflight {
     }
 
     /// PUBACK: completes a QoS 1 publish. `None` for an unknown id or one that is not QoS 1.
-    pub fn on_puback(&mut self, ack: &Ack) -> Option<Completion> {
+    pub(crate) fn on_puback(&mut self, ack: &Ack) -> Option<Completion> {
         let e = self.entries.get(&ack.packet_id)?;
         if e.stage != Stage::Published || publish_qos(&e.packet) != 1 {
             return None;
@@ -151,7 +151,7 @@ impl Inflight {
 
     /// PUBREC: the PUBREL to answer with (always, even for an unknown id, with reason 0x92
     /// then) and, if the server refused the message, its completion.
-    pub fn on_pubrec(&mut self, ack: &Ack) -> (Option<Ack>, Option<Completion>) {
+    pub(crate) fn on_pubrec(&mut self, ack: &Ack) -> (Option<Ack>, Option<Completion>) {
         let id = ack.packet_id;
         let known = self.entries.get(&id).is_some_and(|e| publish_qos(&e.packet) == 2);
         if ack.reason.is_error() {
@@ -175,7 +175,7 @@ impl Inflight {
     }
 
     /// PUBCOMP: completes a QoS 2 publish that was released, with the PUBREC's reason.
-    pub fn on_pubcomp(&mut self, ack: &Ack) -> Option<Completion> {
+    pub(crate) fn on_pubcomp(&mut self, ack: &Ack) -> Option<Completion> {
         let e = self.entries.get(&ack.packet_id)?;
         if e.stage != Stage::Released {
             return None;
@@ -188,7 +188,7 @@ impl Inflight {
     /// DUP and PUBREL for released QoS 2. If the server lost the session, released QoS 2
     /// publishes are complete (the server had accepted them) and go to `completed`, and the
     /// others are resent as they may never have arrived.
-    pub fn on_reconnect(&mut self, session_present: bool, completed: &mut Vec<Completion>) {
+    pub(crate) fn on_reconnect(&mut self, session_present: bool, completed: &mut Vec<Completion>) {
         if !session_present {
             let released: Vec<u16> =
                 self.entries.iter().filter(|(_, e)| e.stage == Stage::Released).map(|(id, _)| *id).collect();
@@ -210,7 +210,7 @@ impl Inflight {
     }
 
     /// Ends every publish with `Closed` (the client is going away).
-    pub fn close(&mut self) -> impl Iterator<Item = Completion> + '_ {
+    pub(crate) fn close(&mut self) -> impl Iterator<Item = Completion> + '_ {
         self.unsent.clear();
         self.sent = 0;
         self.entries.drain().map(|(_, e)| Completion { done: e.done, result: Err(Error::Closed) })

@@ -8,7 +8,7 @@ use braid_client::{Pacing, QuicOptions, TlsOptions, Transport};
 
 /// How to reach the broker.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct TransportArgs {
+pub(crate) struct TransportArgs {
     /// MQTT over TLS (implied by --cafile, --cert and --insecure); with --ws, WebSocket over TLS.
     #[arg(short = 'S', long = "tls", visible_alias = "ssl")]
     pub tls: bool,
@@ -52,7 +52,7 @@ impl TransportArgs {
     }
 
     /// The transport these flags ask for.
-    pub fn transport(&self) -> Transport {
+    pub(crate) fn transport(&self) -> Transport {
         if self.quic {
             return Transport::Quic(QuicOptions {
                 insecure: self.insecure,
@@ -70,7 +70,7 @@ impl TransportArgs {
 
     /// The usual port of the transport: 1883 (TCP), 8883 (TLS), 8083 (WebSocket), 8084 (WSS),
     /// 14567 (QUIC).
-    pub fn default_port(&self) -> u16 {
+    pub(crate) fn default_port(&self) -> u16 {
         if self.quic {
             return 14567;
         }

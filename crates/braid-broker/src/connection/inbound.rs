@@ -23,7 +23,7 @@ use crate::store::Ticket;
 
 /// What the read loop does after a packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Flow {
+pub(crate) enum Flow {
     /// Keep reading.
     Continue,
     /// The client said DISCONNECT.
@@ -33,7 +33,7 @@ pub enum Flow {
 }
 
 /// Per-connection inbound state.
-pub struct Inbound<'a> {
+pub(crate) struct Inbound<'a> {
     broker: &'a Broker,
     session: Arc<Session>,
     version: ProtocolVersion,
@@ -80,7 +80,7 @@ struct Durable {
 impl<'a> Inbound<'a> {
     /// State for a connection that has just been accepted at `now` (or resumed with the topic
     /// aliases its client defined), with its topic authorization.
-    pub fn new(
+    pub(crate) fn new(
         broker: &'a Broker,
         session: &Arc<Session>,
         version: ProtocolVersion,
@@ -108,7 +108,7 @@ impl<'a> Inbound<'a> {
 
     /// Counts this reader's publishes against Receive Maximum in `connection`, the count every
     /// stream of its QUIC connection shares.
-    pub fn counting_in(mut self, connection: Arc<AtomicUsize>) -> Self {
+    pub(crate) fn counting_in(mut self, connection: Arc<AtomicUsize>) -> Self {
         self.window = WindowShare::of(connection);
         self
     }
@@ -121,7 +121,7 @@ impl<'a> Inbound<'a> {
 
     /// State for a QUIC data stream `stream`: its packet ids (and so its unreleased QoS 2 ids)
     /// and its topic aliases are its own, and its subscriptions deliver on it.
-    pub fn for_stream(
+    pub(crate) fn for_stream(
         broker: &'a Broker,
         session: &Arc<Session>,
         version: ProtocolVersion,
@@ -164,12 +164,12 @@ impl<'a> Inbound<'a> {
 
     /// What a connection that parks keeps: the topic aliases its client defined and its
     /// authorization.
-    pub fn into_kept(self) -> (HashMap<u16, ByteString>, ConnectionAcl<'a>) {
+    pub(crate) fn into_kept(self) -> (HashMap<u16, ByteString>, ConnectionAcl<'a>) {
         (self.aliases, self.acl)
     }
 
     /// True (once) if the session may have deliveries to send since the last call.
-    pub fn take_transmit(&mut self) -> bool {
+    pub(crate) fn take_transmit(&mut self) -> bool {
         std::mem::take(&mut self.transmit)
     }
 
@@ -178,7 +178,7 @@ impl<'a> Inbound<'a> {
     /// ends it; replies are encoded into `out`. `check` sees each packet first and may refuse
     /// it (a transport's own rules, e.g. packets a QUIC data stream may not carry). Every
     /// transport reads through this loop.
-    pub fn handle_buffered(
+    pub(crate) fn handle_buffered(
         &mut self,
         rbuf: &mut ReadBuffer,
         now: Instant,
@@ -206,7 +206,7 @@ impl<'a> Inbound<'a> {
     }
 
     /// Handles one packet, arrived by `now`; replies are encoded into `out`.
-    pub fn handle(&mut self, p: Packet, now: Instant, out: &mut BytesMut) -> Flow {
+    pub(crate) fn handle(&mut self, p: Packet, now: Instant, out: &mut BytesMut) -> Flow {
         let reply = match p {
             Packet::Publish(p) => return self.publish(p, now, out),
             Packet::PubAck(a) => {
@@ -279,7 +279,7 @@ impl<'a> Inbound<'a> {
     }
 
     /// Encodes a reply to the client into `out`.
-    pub fn reply(&self, p: &Packet, out: &mut BytesMut) {
+    pub(crate) fn reply(&self, p: &Packet, out: &mut BytesMut) {
         // Replies are well-formed packets of this connection's version; encoding cannot fail.
         let _ = encode(p, self.version, out);
     }
@@ -398,7 +398,7 @@ impl<'a> Inbound<'a> {
     /// Sends an acknowledgement once the store changes it confirms (up to `ticket`) are on
     /// disk: at once unless durability is sync and the group commit has not reached it yet.
     /// Acknowledgements keep their order (MQTT-4.6.0-2), so one behind a waiting one waits too.
-    pub fn ack(&mut self, p: Packet, ticket: Ticket, out: &mut BytesMut) {
+    pub(crate) fn ack(&mut self, p: Packet, ticket: Ticket, out: &mut BytesMut) {
         let store = &self.broker.store;
         if let Some(d) = self.durable.as_deref_mut() {
             if !d.acks.is_empty() || *d.synced.borrow() < ticket {
@@ -414,12 +414,12 @@ impl<'a> Inbound<'a> {
     }
 
     /// True while acknowledgements wait for the group commit.
-    pub fn awaits_sync(&self) -> bool {
+    pub(crate) fn awaits_sync(&self) -> bool {
         self.durable.as_ref().is_some_and(|d| !d.acks.is_empty())
     }
 
     /// Encodes the acknowledgements the group commit has made durable into `out`.
-    pub fn flush_synced(&mut self, out: &mut BytesMut) {
+    pub(crate) fn flush_synced(&mut self, out: &mut BytesMut) {
         let Some(d) = self.durable.as_deref_mut() else { return };
         let synced = *d.synced.borrow_and_update();
         while d.acks.front().is_some_and(|(ticket, _)| *ticket <= synced) {
@@ -431,7 +431,7 @@ impl<'a> Inbound<'a> {
     /// Waits for a held PUBLISH to be released (its subscriber queues drained) and returns its
     /// acknowledgement, for a pause to end or, while acknowledgements await the group commit,
     /// for the commit to move on (`None`: call [`Inbound::flush_synced`]). Cancel-safe.
-    pub async fn next_ack(&mut self) -> Option<(Packet, Ticket)> {
+    pub(crate) async fn next_ack(&mut self) -> Option<(Packet, Ticket)> {
         let timeout = Duration::from_secs(self.broker.config.session.slow_consumer_timeout_secs);
         let (held, durable, pause) = (&mut self.held, &mut self.durable, &mut self.pause);
         tokio::select! {
@@ -445,7 +445,7 @@ impl<'a> Inbound<'a> {
     /// paused (publish rate, memory alarm), or too many acknowledgements wait for the group
     /// commit: the connection reads nothing more from this client until [`Inbound::next_ack`]
     /// releases it.
-    pub fn is_held(&self) -> bool {
+    pub(crate) fn is_held(&self) -> bool {
         self.held.is_some()
             || self.pause.is_some()
             || self

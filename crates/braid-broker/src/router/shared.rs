@@ -10,7 +10,7 @@ use super::entry::SubEntry;
 
 /// The members of one `$share/{group}/{filter}`.
 #[derive(Debug)]
-pub struct Group {
+pub(super) struct Group {
     /// Group name (`$queue` for the legacy `$queue/` prefix).
     pub name: Box<str>,
     /// Members in join order.
@@ -20,7 +20,7 @@ pub struct Group {
 
 impl Group {
     /// An empty group.
-    pub fn new(name: &str) -> Group {
+    pub(super) fn new(name: &str) -> Group {
         Group { name: name.into(), members: Vec::new(), cursor: AtomicUsize::new(0) }
     }
 
@@ -28,7 +28,7 @@ impl Group {
     /// or whose queue is full is passed over for the next one that can take the message, so
     /// nothing is lost while any member can. With no such member, the first choice gets it
     /// (an offline persistent member queues it).
-    pub fn pick(&self, strategy: SharedStrategy, msg: &Message) -> Option<&SubEntry> {
+    pub(super) fn pick(&self, strategy: SharedStrategy, msg: &Message) -> Option<&SubEntry> {
         let n = self.members.len();
         if n == 0 {
             return None;

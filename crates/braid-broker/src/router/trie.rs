@@ -7,7 +7,7 @@ use super::shared::Group;
 
 /// The subscriptions that end at one place in the trie.
 #[derive(Debug, Default)]
-pub struct Slot {
+pub(super) struct Slot {
     /// Normal subscriptions.
     pub subs: Vec<SubEntry>,
     /// Shared-subscription groups.
@@ -92,7 +92,7 @@ impl Node {
 
 /// Topic filters to subscriptions.
 #[derive(Debug, Default)]
-pub struct Trie {
+pub(super) struct Trie {
     root: Node,
     len: usize,
 }
@@ -100,7 +100,7 @@ pub struct Trie {
 impl Trie {
     /// Adds or replaces a subscription to a valid `filter`. True if new. With `unique` the
     /// caller knows the session has no subscription to `filter` yet (no scan for it).
-    pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry, unique: bool) -> bool {
+    pub(super) fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry, unique: bool) -> bool {
         let mut node = &mut self.root;
         let mut levels = filter.split('/').peekable();
         while let Some(level) = levels.next() {
@@ -121,7 +121,7 @@ impl Trie {
     }
 
     /// Removes a session's subscription to `filter`, pruning empty branches; returns it.
-    pub fn remove(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> Option<SubEntry> {
+    pub(super) fn remove(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> Option<SubEntry> {
         let levels: Vec<&str> = filter.split('/').collect();
         let removed = remove_at(&mut self.root, &levels, group, session_id);
         self.len -= usize::from(removed.is_some());
@@ -129,7 +129,7 @@ impl Trie {
     }
 
     /// A session's subscription to `filter`.
-    pub fn get_mut(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> Option<&mut SubEntry> {
+    pub(super) fn get_mut(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> Option<&mut SubEntry> {
         let mut node = &mut self.root;
         let mut levels = filter.split('/').peekable();
         let slot = loop {
@@ -144,18 +144,18 @@ impl Trie {
     }
 
     /// Number of subscriptions.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.len
     }
 
     /// True when there are no subscriptions.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Calls `f` with every slot whose filter matches `topic`. Topics starting with `$` are not
     /// matched by a first level of `+` or `#`.
-    pub fn matches<'a>(&'a self, topic: &str, f: &mut impl FnMut(&'a Slot)) {
+    pub(super) fn matches<'a>(&'a self, topic: &str, f: &mut impl FnMut(&'a Slot)) {
         walk(&self.root, Some(topic), !topic.starts_with('$'), f);
     }
 }

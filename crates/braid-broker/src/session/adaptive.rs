@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 /// Microseconds since the first call, modulo 2^32: differences are exact up to ~71 minutes.
-pub fn micros(now: Instant) -> u32 {
+pub(super) fn micros(now: Instant) -> u32 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     let base = *BASE.get_or_init(Instant::now);
     now.saturating_duration_since(base).as_micros() as u32

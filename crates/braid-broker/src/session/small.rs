@@ -5,6 +5,6 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, DefaultHasher};
 
 /// A map of a session's own keys.
-pub type SmallMap<K, V> = HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
+pub(super) type SmallMap<K, V> = HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
 /// The set counterpart of [`SmallMap`].
-pub type SmallSet<K> = HashSet<K, BuildHasherDefault<DefaultHasher>>;
+pub(super) type SmallSet<K> = HashSet<K, BuildHasherDefault<DefaultHasher>>;

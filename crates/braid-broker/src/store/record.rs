@@ -14,28 +14,28 @@ use super::backend::{SessionRecord, Stage, SubscriptionRecord};
 use crate::message::{Delivery, Message};
 
 /// Bytes before a record's kind: length and CRC.
-pub const FRAME_HEADER: usize = 8;
+pub(super) const FRAME_HEADER: usize = 8;
 
 /// Record kinds.
-pub mod kind {
+pub(super) mod kind {
     /// Session metadata.
-    pub const SESSION: u8 = 1;
+    pub(crate) const SESSION: u8 = 1;
     /// Session ended.
-    pub const END_SESSION: u8 = 2;
+    pub(crate) const END_SESSION: u8 = 2;
     /// Delivery queued.
-    pub const APPEND: u8 = 3;
+    pub(crate) const APPEND: u8 = 3;
     /// Delivery stage changed.
-    pub const STAGE: u8 = 4;
+    pub(crate) const STAGE: u8 = 4;
     /// Delivery finished.
-    pub const DONE: u8 = 5;
+    pub(crate) const DONE: u8 = 5;
     /// Inbound QoS 2 id received or released.
-    pub const QOS2: u8 = 6;
+    pub(crate) const QOS2: u8 = 6;
     /// Retained message set or cleared.
-    pub const RETAIN: u8 = 7;
+    pub(crate) const RETAIN: u8 = 7;
 }
 
 /// Appends one framed record to `out`; returns its length.
-pub fn frame(out: &mut Vec<u8>, kind: u8, body: &[u8]) -> usize {
+pub(super) fn frame(out: &mut Vec<u8>, kind: u8, body: &[u8]) -> usize {
     let len = 1 + body.len();
     let mut crc = crc32fast::Hasher::new();
     crc.update(&[kind]);
@@ -48,11 +48,11 @@ pub fn frame(out: &mut Vec<u8>, kind: u8, body: &[u8]) -> usize {
 }
 
 /// A record read back: kind, body and total length on disk.
-pub type Frame<'a> = (u8, &'a [u8], usize);
+pub(super) type Frame<'a> = (u8, &'a [u8], usize);
 
 /// Splits the record at the start of `buf`: `Ok(Some((kind, body, total length)))`,
 /// `Ok(None)` at the end, `Err` for a truncated or damaged record.
-pub fn unframe(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
+pub(super) fn unframe(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
     if buf.is_empty() {
         return Ok(None);
     }
@@ -72,7 +72,7 @@ pub fn unframe(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
 }
 
 /// Reads little-endian fields off a record body.
-pub struct Reader<'a>(pub &'a [u8]);
+pub(super) struct Reader<'a>(pub &'a [u8]);
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
@@ -84,19 +84,19 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
     /// A u64.
-    pub fn u64(&mut self) -> Result<u64, String> {
+    pub(super) fn u64(&mut self) -> Result<u64, String> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
     }
     /// A u32.
-    pub fn u32(&mut self) -> Result<u32, String> {
+    pub(super) fn u32(&mut self) -> Result<u32, String> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
     }
     /// A u16.
-    pub fn u16(&mut self) -> Result<u16, String> {
+    pub(super) fn u16(&mut self) -> Result<u16, String> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap_or_default()))
     }
     /// A byte.
-    pub fn u8(&mut self) -> Result<u8, String> {
+    pub(super) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
     /// A u32-length-prefixed blob.
@@ -172,7 +172,7 @@ fn message_from(blob: &[u8], expires_ms: u64) -> Result<Arc<Message>, String> {
 }
 
 /// Body of a SESSION record.
-pub fn session(r: &SessionRecord) -> Vec<u8> {
+pub(super) fn session(r: &SessionRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&r.id.to_le_bytes());
     out.extend_from_slice(&r.offline_since.unwrap_or(0).to_le_bytes());
@@ -201,7 +201,7 @@ pub fn session(r: &SessionRecord) -> Vec<u8> {
 }
 
 /// Reads a SESSION record body.
-pub fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
+pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
     let mut r = Reader(body);
     let id = r.u64()?;
     let offline_since = Some(r.u64()?).filter(|t| *t != 0);
@@ -225,7 +225,7 @@ pub fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
 
 /// Body of an APPEND record. The first Subscription Identifier (0: none) precedes the message,
 /// any further ones (a merged delivery's) follow it, where older records end.
-pub fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
+pub(super) fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + d.msg.topic.len() + d.msg.payload.len());
     out.extend_from_slice(&session.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
@@ -242,13 +242,13 @@ pub fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
 }
 
 /// Session and sequence number at the start of an APPEND, STAGE or DONE body.
-pub fn session_seq(body: &[u8]) -> Result<(u64, u64), String> {
+pub(super) fn session_seq(body: &[u8]) -> Result<(u64, u64), String> {
     let mut r = Reader(body);
     Ok((r.u64()?, r.u64()?))
 }
 
 /// Reads an APPEND record body.
-pub fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
+pub(super) fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
     let mut r = Reader(body);
     let (_session, seq) = (r.u64()?, r.u64()?);
     let qos = QoS::from_u8(r.u8()?).ok_or("bad QoS in record")?;
@@ -261,7 +261,7 @@ pub fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
 }
 
 /// Body of a STAGE record.
-pub fn stage(session: u64, seq: u64, stage: Stage) -> Vec<u8> {
+pub(super) fn stage(session: u64, seq: u64, stage: Stage) -> Vec<u8> {
     let mut out = ids(session, seq);
     out.push(match stage {
         Stage::Queued => 0,
@@ -272,7 +272,7 @@ pub fn stage(session: u64, seq: u64, stage: Stage) -> Vec<u8> {
 }
 
 /// The stage in a STAGE record body.
-pub fn read_stage(body: &[u8]) -> Result<Stage, String> {
+pub(super) fn read_stage(body: &[u8]) -> Result<Stage, String> {
     match body.get(16) {
         Some(0) => Ok(Stage::Queued),
         Some(1) => Ok(Stage::Sent),
@@ -282,7 +282,7 @@ pub fn read_stage(body: &[u8]) -> Result<Stage, String> {
 }
 
 /// Body of a DONE record (and the prefix of others): session and sequence number.
-pub fn ids(session: u64, seq: u64) -> Vec<u8> {
+pub(super) fn ids(session: u64, seq: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(17);
     out.extend_from_slice(&session.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
@@ -290,7 +290,7 @@ pub fn ids(session: u64, seq: u64) -> Vec<u8> {
 }
 
 /// Body of a QOS2 record.
-pub fn qos2(session: u64, packet_id: u16, pending: bool) -> Vec<u8> {
+pub(super) fn qos2(session: u64, packet_id: u16, pending: bool) -> Vec<u8> {
     let mut out = session.to_le_bytes().to_vec();
     out.extend_from_slice(&packet_id.to_le_bytes());
     out.push(u8::from(pending));
@@ -298,20 +298,20 @@ pub fn qos2(session: u64, packet_id: u16, pending: bool) -> Vec<u8> {
 }
 
 /// Reads a QOS2 record body.
-pub fn read_qos2(body: &[u8]) -> Result<(u64, u16, bool), String> {
+pub(super) fn read_qos2(body: &[u8]) -> Result<(u64, u16, bool), String> {
     let mut r = Reader(body);
     Ok((r.u64()?, r.u16()?, r.u8()? != 0))
 }
 
 /// Body of a RETAIN record.
-pub fn retain(msg: &Message) -> Vec<u8> {
+pub(super) fn retain(msg: &Message) -> Vec<u8> {
     let mut out = unix_ms(msg.expires_at).to_le_bytes().to_vec();
     put_blob(&mut out, &message_packet(msg));
     out
 }
 
 /// Reads a RETAIN record body.
-pub fn read_retain(body: &[u8]) -> Result<Arc<Message>, String> {
+pub(super) fn read_retain(body: &[u8]) -> Result<Arc<Message>, String> {
     let mut r = Reader(body);
     let expires = r.u64()?;
     message_from(r.blob()?, expires)

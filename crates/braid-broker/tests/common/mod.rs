@@ -11,35 +11,35 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use braid_broker::server::Running;
-pub use braid_broker::{Config, Server};
-pub use braid_proto::{
+pub(crate) use braid_broker::{Config, Server};
+pub(crate) use braid_proto::{
     decode, encode, Ack, ByteString, Bytes, BytesMut, ConnAck, Connect, Disconnect, LastWill, Packet,
     Properties, ProtocolVersion, Publish, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
 };
 
 /// How long a test waits for anything the broker should do promptly.
-pub const WAIT: Duration = Duration::from_secs(3);
+pub(crate) const WAIT: Duration = Duration::from_secs(3);
 /// How long a test watches for something that must not happen.
-pub const QUIET: Duration = Duration::from_millis(300);
+pub(crate) const QUIET: Duration = Duration::from_millis(300);
 
-pub const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
-pub const V5: ProtocolVersion = ProtocolVersion::V5;
+pub(crate) const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
+pub(crate) const V5: ProtocolVersion = ProtocolVersion::V5;
 
 /// A broker running on the test's runtime (shut down when dropped).
-pub type TestBroker = Running;
+pub(crate) type TestBroker = Running;
 
 /// Binds `config` (its listener should be `127.0.0.1:0`) and runs the server in a task.
-pub async fn start(config: Config) -> TestBroker {
+pub(crate) async fn start(config: Config) -> TestBroker {
     Server::spawn(config).await.expect("bind test broker")
 }
 
 /// [`start`] with [`Config::embedded`].
-pub async fn start_default() -> TestBroker {
+pub(crate) async fn start_default() -> TestBroker {
     start(Config::embedded()).await
 }
 
 /// Counters the tests read.
-pub trait Counters {
+pub(crate) trait Counters {
     /// The `messages_dropped` counter.
     fn dropped(&self) -> u64;
 }
@@ -52,7 +52,7 @@ impl Counters for TestBroker {
 
 /// A CONNECT with keep alive 0 and no will; `protocol` is set by [`TestClient::connect`].
 /// A QoS 0, not retained will on `topic` carrying `payload`, for [`Connect::will`].
-pub fn will(topic: &str, payload: &'static [u8]) -> Option<LastWill> {
+pub(crate) fn will(topic: &str, payload: &'static [u8]) -> Option<LastWill> {
     Some(LastWill {
         topic: topic.into(),
         payload: Bytes::from_static(payload),
@@ -62,7 +62,7 @@ pub fn will(topic: &str, payload: &'static [u8]) -> Option<LastWill> {
     })
 }
 
-pub fn connect_packet(client_id: &str, clean: bool) -> Connect {
+pub(crate) fn connect_packet(client_id: &str, clean: bool) -> Connect {
     Connect {
         protocol: V5,
         clean_start: clean,
@@ -76,14 +76,14 @@ pub fn connect_packet(client_id: &str, clean: bool) -> Connect {
 }
 
 /// [`connect_packet`] with a v5 Session Expiry Interval.
-pub fn connect_with_expiry(client_id: &str, clean: bool, expiry_secs: u32) -> Connect {
+pub(crate) fn connect_with_expiry(client_id: &str, clean: bool, expiry_secs: u32) -> Connect {
     let mut c = connect_packet(client_id, clean);
     c.properties.session_expiry_interval = Some(expiry_secs);
     c
 }
 
 /// A PUBLISH; QoS 1 and 2 get packet id 1 (override with struct update syntax).
-pub fn publish(topic: &str, qos: QoS, payload: impl Into<Bytes>) -> Publish {
+pub(crate) fn publish(topic: &str, qos: QoS, payload: impl Into<Bytes>) -> Publish {
     Publish {
         dup: false,
         qos,
@@ -96,7 +96,7 @@ pub fn publish(topic: &str, qos: QoS, payload: impl Into<Bytes>) -> Publish {
 }
 
 /// A SUBSCRIBE (packet id 1) to one filter.
-pub fn subscribe(filter: &str, qos: QoS) -> Subscribe {
+pub(crate) fn subscribe(filter: &str, qos: QoS) -> Subscribe {
     Subscribe {
         packet_id: 1,
         properties: Properties::default(),
@@ -105,7 +105,7 @@ pub fn subscribe(filter: &str, qos: QoS) -> Subscribe {
 }
 
 /// Encodes `p` for `version`.
-pub fn encode_packet(p: &Packet, version: ProtocolVersion) -> BytesMut {
+pub(crate) fn encode_packet(p: &Packet, version: ProtocolVersion) -> BytesMut {
     let mut buf = BytesMut::new();
     encode(p, version, &mut buf).expect("encode test packet");
     buf
@@ -114,14 +114,14 @@ pub fn encode_packet(p: &Packet, version: ProtocolVersion) -> BytesMut {
 /// What a bounded read produced.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
-pub enum Recv {
+pub(crate) enum Recv {
     Packet(Packet),
     Closed,
     TimedOut,
 }
 
 /// A raw MQTT client: one TCP stream, a read buffer and the negotiated version.
-pub struct TestClient {
+pub(crate) struct TestClient {
     stream: TcpStream,
     rbuf: BytesMut,
     wbuf: BytesMut,
@@ -133,7 +133,7 @@ pub struct TestClient {
 
 impl TestClient {
     /// Opens a TCP connection without sending anything (decoding as `version`).
-    pub async fn open(addr: SocketAddr, version: ProtocolVersion) -> TestClient {
+    pub(crate) async fn open(addr: SocketAddr, version: ProtocolVersion) -> TestClient {
         let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
             .await
             .expect("TCP connect timed out")
@@ -150,7 +150,7 @@ impl TestClient {
 
     /// Connects with `connect` (its protocol set to `version`) and returns the CONNACK,
     /// whatever its reason code.
-    pub async fn connect(
+    pub(crate) async fn connect(
         addr: SocketAddr,
         version: ProtocolVersion,
         mut connect: Connect,
@@ -166,7 +166,7 @@ impl TestClient {
     }
 
     /// Connects and asserts the CONNACK is a success.
-    pub async fn connect_ok(
+    pub(crate) async fn connect_ok(
         addr: SocketAddr,
         version: ProtocolVersion,
         connect: Connect,
@@ -177,13 +177,13 @@ impl TestClient {
     }
 
     /// Sends one packet.
-    pub async fn send(&mut self, p: Packet) {
+    pub(crate) async fn send(&mut self, p: Packet) {
         let buf = encode_packet(&p, self.version);
         self.send_raw(&buf).await;
     }
 
     /// Sends raw bytes.
-    pub async fn send_raw(&mut self, bytes: &[u8]) {
+    pub(crate) async fn send_raw(&mut self, bytes: &[u8]) {
         tokio::time::timeout(WAIT, self.stream.write_all(bytes))
             .await
             .unwrap_or_else(|_| panic!("{}: write timed out", self.name))
@@ -191,17 +191,17 @@ impl TestClient {
     }
 
     /// Sends raw bytes, returning false if the broker already closed the socket.
-    pub async fn try_send_raw(&mut self, bytes: &[u8]) -> bool {
+    pub(crate) async fn try_send_raw(&mut self, bytes: &[u8]) -> bool {
         matches!(tokio::time::timeout(WAIT, self.stream.write_all(bytes)).await, Ok(Ok(())))
     }
 
     /// Encodes a packet into the write buffer; [`TestClient::flush`] sends the buffer.
-    pub fn queue(&mut self, p: Packet) {
+    pub(crate) fn queue(&mut self, p: Packet) {
         encode(&p, self.version, &mut self.wbuf).expect("encode test packet");
     }
 
     /// Sends everything queued.
-    pub async fn flush(&mut self) {
+    pub(crate) async fn flush(&mut self) {
         if !self.wbuf.is_empty() {
             let buf = self.wbuf.split();
             self.send_raw(&buf).await;
@@ -209,13 +209,13 @@ impl TestClient {
     }
 
     /// True if a complete packet is already buffered (no read needed).
-    pub fn has_buffered_packet(&self) -> bool {
+    pub(crate) fn has_buffered_packet(&self) -> bool {
         let mut copy = self.rbuf.clone();
         matches!(decode(&mut copy, self.version, u32::MAX), Ok(Some(_)))
     }
 
     /// The next packet, or `Closed`, or `TimedOut` after `within`.
-    pub async fn recv_within(&mut self, within: Duration) -> Recv {
+    pub(crate) async fn recv_within(&mut self, within: Duration) -> Recv {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             match decode(&mut self.rbuf, self.version, u32::MAX) {
@@ -236,7 +236,7 @@ impl TestClient {
     }
 
     /// The next packet, `None` once the broker closed the connection; panics after [`WAIT`].
-    pub async fn recv(&mut self) -> Option<Packet> {
+    pub(crate) async fn recv(&mut self) -> Option<Packet> {
         match self.recv_within(WAIT).await {
             Recv::Packet(p) => Some(p),
             Recv::Closed => None,
@@ -245,7 +245,7 @@ impl TestClient {
     }
 
     /// The next packet; panics on close or timeout.
-    pub async fn expect_packet(&mut self) -> Packet {
+    pub(crate) async fn expect_packet(&mut self) -> Packet {
         match self.recv().await {
             Some(p) => p,
             None => panic!("{}: connection closed while a packet was expected", self.name),
@@ -253,7 +253,7 @@ impl TestClient {
     }
 
     /// The next packet, which must be a PUBLISH.
-    pub async fn expect_publish(&mut self) -> Publish {
+    pub(crate) async fn expect_publish(&mut self) -> Publish {
         match self.expect_packet().await {
             Packet::Publish(p) => p,
             other => panic!("{}: expected PUBLISH, got {other:?}", self.name),
@@ -261,7 +261,7 @@ impl TestClient {
     }
 
     /// Asserts nothing arrives (and the connection stays open) for `within`.
-    pub async fn expect_nothing(&mut self, within: Duration) {
+    pub(crate) async fn expect_nothing(&mut self, within: Duration) {
         match self.recv_within(within).await {
             Recv::TimedOut => {}
             other => panic!("{}: expected silence, got {other:?}", self.name),
@@ -270,12 +270,12 @@ impl TestClient {
 
     /// Expects the broker to close the connection, after at most one DISCONNECT; returns its
     /// reason. Any other packet, or no close within [`WAIT`], fails the test.
-    pub async fn expect_closed(&mut self) -> Option<ReasonCode> {
+    pub(crate) async fn expect_closed(&mut self) -> Option<ReasonCode> {
         self.expect_closed_with().await.map(|d| d.reason)
     }
 
     /// Like [`TestClient::expect_closed`], returning the whole DISCONNECT.
-    pub async fn expect_closed_with(&mut self) -> Option<Disconnect> {
+    pub(crate) async fn expect_closed_with(&mut self) -> Option<Disconnect> {
         let mut disconnect = None;
         loop {
             match self.recv_within(WAIT).await {
@@ -290,7 +290,7 @@ impl TestClient {
     }
 
     /// Expects a v5 DISCONNECT with `reason` and a Reason String saying why, then the close.
-    pub async fn expect_disconnect(&mut self, reason: ReasonCode) {
+    pub(crate) async fn expect_disconnect(&mut self, reason: ReasonCode) {
         let got = self.expect_closed_with().await;
         assert_eq!(got.as_ref().map(|d| d.reason), Some(reason), "{}: DISCONNECT reason", self.name);
         let why = got.and_then(|d| d.properties.reason_string.clone());
@@ -298,12 +298,12 @@ impl TestClient {
     }
 
     /// Subscribes to one filter (packet id 1) and asserts the SUBACK grants `qos`.
-    pub async fn subscribe(&mut self, filter: &str, qos: QoS) {
+    pub(crate) async fn subscribe(&mut self, filter: &str, qos: QoS) {
         self.subscribe_with(subscribe(filter, qos), qos).await;
     }
 
     /// Sends `sub` and asserts its SUBACK grants `granted` for every filter.
-    pub async fn subscribe_with(&mut self, sub: Subscribe, granted: QoS) {
+    pub(crate) async fn subscribe_with(&mut self, sub: Subscribe, granted: QoS) {
         let id = sub.packet_id;
         let n = sub.filters.len();
         self.send(Packet::Subscribe(sub)).await;
@@ -322,7 +322,7 @@ impl TestClient {
     }
 
     /// Publishes at QoS 0, or at QoS 1 / 2 with `id` and completes the handshake.
-    pub async fn publish_and_ack(&mut self, topic: &str, qos: QoS, payload: &[u8], id: u16) {
+    pub(crate) async fn publish_and_ack(&mut self, topic: &str, qos: QoS, payload: &[u8], id: u16) {
         let p = Publish {
             packet_id: if qos == QoS::AtMostOnce { 0 } else { id },
             ..publish(topic, qos, Bytes::copy_from_slice(payload))
@@ -350,7 +350,7 @@ impl TestClient {
 
     /// PINGREQ, then waits for PINGRESP (any PUBLISH before it fails the test): proves the
     /// connection is alive and the broker has handled everything sent before.
-    pub async fn ping(&mut self) {
+    pub(crate) async fn ping(&mut self) {
         self.send(Packet::PingReq).await;
         match self.expect_packet().await {
             Packet::PingResp => {}
@@ -359,7 +359,7 @@ impl TestClient {
     }
 
     /// Sends DISCONNECT (reason Success) and waits for the broker to close the socket.
-    pub async fn disconnect(mut self) {
+    pub(crate) async fn disconnect(mut self) {
         self.send(Packet::Disconnect(Disconnect {
             reason: ReasonCode::Success,
             properties: Properties::default(),
@@ -369,14 +369,14 @@ impl TestClient {
     }
 
     /// Drops the socket without DISCONNECT (a network failure, as the broker sees it).
-    pub fn drop_socket(self) {
+    pub(crate) fn drop_socket(self) {
         drop(self);
     }
 }
 
 /// A publisher and a subscriber on `topic` that prove the broker still routes: used by tests
 /// that break other connections.
-pub struct Canary {
+pub(crate) struct Canary {
     publisher: TestClient,
     subscriber: TestClient,
     topic: String,
@@ -385,7 +385,7 @@ pub struct Canary {
 
 impl Canary {
     /// Connects both clients (v5) and subscribes.
-    pub async fn new(addr: SocketAddr, name: &str) -> Canary {
+    pub(crate) async fn new(addr: SocketAddr, name: &str) -> Canary {
         let (publisher, _) =
             TestClient::connect_ok(addr, V5, connect_packet(&format!("{name}-pub"), true)).await;
         let (mut subscriber, _) =
@@ -396,7 +396,7 @@ impl Canary {
     }
 
     /// One QoS 1 round trip from publisher to subscriber.
-    pub async fn check(&mut self) {
+    pub(crate) async fn check(&mut self) {
         self.round += 1;
         let payload = format!("round {}", self.round);
         self.publisher.publish_and_ack(&self.topic, QoS::AtLeastOnce, payload.as_bytes(), 1).await;

@@ -5,7 +5,7 @@
 //! Every wait is bounded: a test that would hang fails after a few seconds instead.
 #![allow(dead_code, unused_imports)]
 
-pub mod proxy;
+pub(crate) mod proxy;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,37 +14,37 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use braid_broker::server::Running;
-pub use braid_broker::{Config, Server};
-pub use braid_client::{
+pub(crate) use braid_broker::{Config, Server};
+pub(crate) use braid_client::{
     Bytes, Client, ClientOptions, Connected, Error, Event, Message, Properties, ProtocolVersion, Publish,
     QoS, ReasonCode, Reconnect, RetainHandling, SubscriptionOptions, Will,
 };
-pub use braid_proto::{decode, encode, Ack, BytesMut, ConnAck, Connect, Packet, SubAck};
+pub(crate) use braid_proto::{decode, encode, Ack, BytesMut, ConnAck, Connect, Packet, SubAck};
 
 /// How long a test waits for anything that should happen promptly.
-pub const WAIT: Duration = Duration::from_secs(5);
+pub(crate) const WAIT: Duration = Duration::from_secs(5);
 /// How long a test watches for something that must not happen.
-pub const QUIET: Duration = Duration::from_millis(300);
+pub(crate) const QUIET: Duration = Duration::from_millis(300);
 
-pub const V31: ProtocolVersion = ProtocolVersion::V3_1;
-pub const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
-pub const V5: ProtocolVersion = ProtocolVersion::V5;
+pub(crate) const V31: ProtocolVersion = ProtocolVersion::V3_1;
+pub(crate) const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
+pub(crate) const V5: ProtocolVersion = ProtocolVersion::V5;
 
 /// A broker running on the test's runtime; shut down when dropped.
-pub type TestBroker = Running;
+pub(crate) type TestBroker = Running;
 
 /// Binds `config` and runs the server in a task.
-pub async fn start(config: Config) -> TestBroker {
+pub(crate) async fn start(config: Config) -> TestBroker {
     Server::spawn(config).await.expect("bind test broker")
 }
 
 /// [`start`] with [`Config::embedded`].
-pub async fn start_default() -> TestBroker {
+pub(crate) async fn start_default() -> TestBroker {
     start(Config::embedded()).await
 }
 
 /// What the client tests ask of their broker.
-pub trait TestBrokerExt {
+pub(crate) trait TestBrokerExt {
     /// PUBLISH packets the broker has sent to clients so far.
     fn messages_sent(&self) -> u64;
     /// Client options for this broker.
@@ -71,17 +71,17 @@ impl TestBrokerExt for TestBroker {
 }
 
 /// Connects, panicking on failure or after [`WAIT`].
-pub async fn connect(opts: ClientOptions) -> (Client, Connected) {
+pub(crate) async fn connect(opts: ClientOptions) -> (Client, Connected) {
     tokio::time::timeout(WAIT, Client::connect(opts)).await.expect("connect timed out").expect("connect")
 }
 
 /// Subscribes to one filter at `qos` and asserts it was granted.
-pub async fn subscribe(c: &Client, filter: &str, qos: QoS) {
+pub(crate) async fn subscribe(c: &Client, filter: &str, qos: QoS) {
     subscribe_with(c, filter, SubscriptionOptions { qos, ..Default::default() }).await;
 }
 
 /// Subscribes to one filter with `options` and asserts the SUBACK is a success.
-pub async fn subscribe_with(c: &Client, filter: &str, options: SubscriptionOptions) {
+pub(crate) async fn subscribe_with(c: &Client, filter: &str, options: SubscriptionOptions) {
     let reasons =
         within(c.subscribe(vec![(filter.into(), options)], Properties::default())).await.expect("subscribe");
     assert_eq!(reasons.len(), 1);
@@ -89,17 +89,17 @@ pub async fn subscribe_with(c: &Client, filter: &str, options: SubscriptionOptio
 }
 
 /// Awaits `f`, panicking after [`WAIT`].
-pub async fn within<F: std::future::Future>(f: F) -> F::Output {
+pub(crate) async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(WAIT, f).await.expect("timed out")
 }
 
 /// The next event, panicking on `None` or after [`WAIT`].
-pub async fn next_event(c: &Client) -> Event {
+pub(crate) async fn next_event(c: &Client) -> Event {
     within(c.recv()).await.expect("client closed while an event was expected")
 }
 
 /// The next event, which must be a message.
-pub async fn next_message(c: &Client) -> Publish {
+pub(crate) async fn next_message(c: &Client) -> Publish {
     match next_event(c).await {
         Event::Message(p) => p,
         other => panic!("expected a message, got {other:?}"),
@@ -107,20 +107,20 @@ pub async fn next_message(c: &Client) -> Publish {
 }
 
 /// Asserts no event arrives for [`QUIET`].
-pub async fn expect_no_event(c: &Client) {
+pub(crate) async fn expect_no_event(c: &Client) {
     if let Ok(ev) = tokio::time::timeout(QUIET, c.recv()).await {
         panic!("expected no event, got {ev:?}");
     }
 }
 
 /// Publishes and waits for the acknowledgement.
-pub async fn publish_acked(c: &Client, topic: &str, payload: &'static str, qos: QoS) -> ReasonCode {
+pub(crate) async fn publish_acked(c: &Client, topic: &str, payload: &'static str, qos: QoS) -> ReasonCode {
     let handle = within(c.publish(Message::new(topic, payload, qos))).await.expect("publish");
     within(handle.acked()).await.expect("publish acknowledged")
 }
 
 /// Polls `f` until it is true, panicking after [`WAIT`].
-pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !f() {
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
@@ -134,7 +134,7 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 /// A listener that accepts clients and lets the test script the server side packet by packet.
 /// A client connected to a [`FakeServer`], and the server's side of it.
-pub struct FakeSession {
+pub(crate) struct FakeSession {
     pub client: Client,
     pub connected: Connected,
     /// The server, for the client's next connection.
@@ -144,20 +144,20 @@ pub struct FakeSession {
     pub connect: Connect,
 }
 
-pub struct FakeServer {
+pub(crate) struct FakeServer {
     listener: TcpListener,
     pub addr: SocketAddr,
 }
 
 impl FakeServer {
-    pub async fn new() -> FakeServer {
+    pub(crate) async fn new() -> FakeServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         FakeServer { listener, addr }
     }
 
     /// Client options pointing at this server (reconnect off, keep alive off).
-    pub fn options(&self, version: ProtocolVersion) -> ClientOptions {
+    pub(crate) fn options(&self, version: ProtocolVersion) -> ClientOptions {
         let mut o = ClientOptions::new("127.0.0.1", self.addr.port());
         o.version = version;
         o.client_id = "fake-client".into();
@@ -166,7 +166,7 @@ impl FakeServer {
     }
 
     /// Accepts a connection and reads its CONNECT.
-    pub async fn accept(&self) -> (FakeConn, Connect) {
+    pub(crate) async fn accept(&self) -> (FakeConn, Connect) {
         let (stream, _) = within(self.listener.accept()).await.unwrap();
         stream.set_nodelay(true).unwrap();
         let mut conn = FakeConn { stream, rbuf: BytesMut::new(), version: V5 };
@@ -181,7 +181,7 @@ impl FakeServer {
 
     /// Accepts a connection and answers its CONNECT with a successful CONNACK.
     /// Connects a client with `opts`; the server answers its CONNACK with `properties`.
-    pub async fn connect_client(self, opts: ClientOptions, properties: Properties) -> FakeSession {
+    pub(crate) async fn connect_client(self, opts: ClientOptions, properties: Properties) -> FakeSession {
         let accept = tokio::spawn(async move {
             let (conn, connect) = self.accept_ok(false, properties).await;
             (self, conn, connect)
@@ -191,7 +191,7 @@ impl FakeServer {
         FakeSession { client, connected, server, conn, connect }
     }
 
-    pub async fn accept_ok(&self, session_present: bool, properties: Properties) -> (FakeConn, Connect) {
+    pub(crate) async fn accept_ok(&self, session_present: bool, properties: Properties) -> (FakeConn, Connect) {
         let (mut conn, connect) = self.accept().await;
         conn.send(Packet::ConnAck(ConnAck { session_present, reason: ReasonCode::Success, properties }))
             .await;
@@ -200,14 +200,14 @@ impl FakeServer {
 }
 
 /// One accepted connection on a [`FakeServer`].
-pub struct FakeConn {
+pub(crate) struct FakeConn {
     stream: TcpStream,
     rbuf: BytesMut,
     pub version: ProtocolVersion,
 }
 
 impl FakeConn {
-    pub async fn send(&mut self, p: Packet) {
+    pub(crate) async fn send(&mut self, p: Packet) {
         let mut buf = BytesMut::new();
         encode(&p, self.version, &mut buf).unwrap();
         within(self.stream.write_all(&buf)).await.unwrap();
@@ -215,7 +215,7 @@ impl FakeConn {
 
     /// The next packet within `d`: `Ok(Some)`, `Ok(None)` when the client closed, `Err` on
     /// timeout.
-    pub async fn recv_within(&mut self, d: Duration) -> Result<Option<Packet>, ()> {
+    pub(crate) async fn recv_within(&mut self, d: Duration) -> Result<Option<Packet>, ()> {
         let deadline = tokio::time::Instant::now() + d;
         loop {
             if let Some(p) = decode(&mut self.rbuf, self.version, u32::MAX).expect("client sent bad bytes") {
@@ -231,17 +231,17 @@ impl FakeConn {
     }
 
     /// The next packet, `None` once the client closed; panics after [`WAIT`].
-    pub async fn recv(&mut self) -> Option<Packet> {
+    pub(crate) async fn recv(&mut self) -> Option<Packet> {
         self.recv_within(WAIT).await.expect("nothing received from the client")
     }
 
     /// The next packet; panics on close or timeout.
-    pub async fn expect(&mut self) -> Packet {
+    pub(crate) async fn expect(&mut self) -> Packet {
         self.recv().await.expect("client closed the connection")
     }
 
     /// The next packet must be a PUBLISH.
-    pub async fn expect_publish(&mut self) -> Publish {
+    pub(crate) async fn expect_publish(&mut self) -> Publish {
         match self.expect().await {
             Packet::Publish(p) => p,
             other => panic!("expected PUBLISH, got {other:?}"),
@@ -249,7 +249,7 @@ impl FakeConn {
     }
 
     /// Asserts the client sends nothing for [`QUIET`].
-    pub async fn expect_nothing(&mut self) {
+    pub(crate) async fn expect_nothing(&mut self) {
         if let Ok(p) = self.recv_within(QUIET).await {
             panic!("expected silence, got {p:?}");
         }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 /// How one direction of the proxy treats datagrams.
 #[derive(Clone, Copy, Debug)]
-pub enum Shape {
+pub(crate) enum Shape {
     /// Forward at once.
     Open,
     /// At most this many bytes per second, with a drop-tail queue of this many datagrams.
@@ -21,7 +21,7 @@ pub enum Shape {
 }
 
 /// Starts a proxy to `broker`; returns the address clients connect to.
-pub async fn udp_proxy(broker: SocketAddr, to_broker: Shape, to_client: Shape) -> SocketAddr {
+pub(crate) async fn udp_proxy(broker: SocketAddr, to_broker: Shape, to_client: Shape) -> SocketAddr {
     let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
     let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
     back.connect(broker).await.unwrap();

@@ -9,7 +9,7 @@ use crate::transport_args::TransportArgs;
 
 /// `braid bench ...`
 #[derive(Args, Debug)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// What to run.
     #[command(subcommand)]
     pub command: Box<BenchCommand>,
@@ -17,7 +17,7 @@ pub struct BenchArgs {
 
 /// The three load shapes.
 #[derive(Subcommand, Debug)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// Open -c connections and hold them idle (connect rate, broker footprint).
     #[command(disable_help_flag = true)]
     Conn(ConnArgs),
@@ -31,7 +31,7 @@ pub enum BenchCommand {
 
 /// Connection flags shared by every mode.
 #[derive(Args, Debug, Clone)]
-pub struct CommonArgs {
+pub(crate) struct CommonArgs {
     /// Print help.
     #[arg(long, action = ArgAction::Help)]
     pub help: Option<bool>,
@@ -92,14 +92,14 @@ pub struct CommonArgs {
 
 /// `braid bench conn`
 #[derive(Args, Debug)]
-pub struct ConnArgs {
+pub(crate) struct ConnArgs {
     #[command(flatten)]
     pub common: CommonArgs,
 }
 
 /// `braid bench sub`
 #[derive(Args, Debug)]
-pub struct SubArgs {
+pub(crate) struct SubArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Topic filter to subscribe to (repeatable; %i client sequence, %c client id, %u username).
@@ -126,7 +126,7 @@ pub struct SubArgs {
 
 /// `braid bench pub`
 #[derive(Args, Debug)]
-pub struct PubArgs {
+pub(crate) struct PubArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Topic to publish to (%i client sequence, %c client id, %u username).
@@ -174,7 +174,7 @@ pub struct PubArgs {
 
 /// The default --sub filter for a publish topic template: every level that holds a variable
 /// becomes `+`.
-pub fn default_sub_filter(topic: &str) -> String {
+pub(crate) fn default_sub_filter(topic: &str) -> String {
     topic
         .split('/')
         .map(

@@ -13,7 +13,7 @@ use super::report::{self, Latency, Summary, Ticker};
 use super::stats::{Counter, Stats};
 
 /// One connected client.
-pub struct Conn {
+pub(crate) struct Conn {
     /// Client sequence number (`%i`).
     pub seq: u64,
     /// Client id (`%c`).
@@ -23,7 +23,7 @@ pub struct Conn {
 }
 
 /// What a connect phase achieved.
-pub struct Connected {
+pub(crate) struct Connected {
     /// The clients that got CONNACK, in sequence order.
     pub clients: Vec<Conn>,
     /// Seconds from the first CONNECT to the last answer.
@@ -31,7 +31,7 @@ pub struct Connected {
 }
 
 /// Client options for one bench client.
-pub fn options(
+pub(crate) fn options(
     common: &CommonArgs,
     client_id: String,
     receive_maximum: u16,
@@ -57,14 +57,14 @@ pub fn options(
 }
 
 /// `PREFIX_bench_KIND_N`
-pub fn client_id(common: &CommonArgs, kind: &str, seq: u64) -> String {
+pub(crate) fn client_id(common: &CommonArgs, kind: &str, seq: u64) -> String {
     format!("{}_bench_{kind}_{seq}", common.prefix)
 }
 
 /// Opens `count` connections of `kind` ("conn", "sub", "pub") with sequence numbers
 /// `first_seq..`, `-i` ms apart and at most `--max-connecting` at once.
 #[allow(clippy::too_many_arguments)]
-pub async fn connect_many(
+pub(crate) async fn connect_many(
     common: &CommonArgs,
     kind: &str,
     first_seq: u64,
@@ -119,7 +119,7 @@ pub async fn connect_many(
 }
 
 /// Disconnects every client (normal disconnection), concurrently.
-pub async fn disconnect_all(clients: impl IntoIterator<Item = Client>) {
+pub(crate) async fn disconnect_all(clients: impl IntoIterator<Item = Client>) {
     let mut tasks = JoinSet::new();
     for c in clients {
         tasks.spawn(async move {
@@ -131,7 +131,7 @@ pub async fn disconnect_all(clients: impl IntoIterator<Item = Client>) {
 
 /// The run's stop signal: Ctrl-C, `--duration`, or the end of the work.
 #[derive(Clone)]
-pub struct Stop {
+pub(crate) struct Stop {
     flag: Arc<AtomicBool>,
     tx: Arc<watch::Sender<bool>>,
 }
@@ -144,30 +144,30 @@ impl Default for Stop {
 
 impl Stop {
     /// Not stopped yet.
-    pub fn new() -> Stop {
+    pub(crate) fn new() -> Stop {
         Stop { flag: Arc::new(AtomicBool::new(false)), tx: Arc::new(watch::channel(false).0) }
     }
 
     /// Stops.
-    pub fn set(&self) {
+    pub(crate) fn set(&self) {
         self.flag.store(true, Ordering::Relaxed);
         self.tx.send_replace(true);
     }
 
     /// Whether stopped (one relaxed load).
     #[inline]
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.flag.load(Ordering::Relaxed)
     }
 
     /// Resolves once stopped.
-    pub async fn wait(&self) {
+    pub(crate) async fn wait(&self) {
         let mut rx = self.tx.subscribe();
         let _ = rx.wait_for(|s| *s).await;
     }
 
     /// Sets the flag on Ctrl-C.
-    pub fn on_ctrl_c(&self) {
+    pub(crate) fn on_ctrl_c(&self) {
         let stop = self.clone();
         tokio::spawn(async move {
             let _ = tokio::signal::ctrl_c().await;
@@ -177,7 +177,7 @@ impl Stop {
     }
 
     /// Sets the flag `duration` seconds from now (when > 0).
-    pub fn after(&self, duration: f64) {
+    pub(crate) fn after(&self, duration: f64) {
         if duration > 0.0 {
             let stop = self.clone();
             tokio::spawn(async move {
@@ -189,7 +189,7 @@ impl Stop {
 }
 
 /// Builds the tokio runtime for a bench run.
-pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_multi_thread();
     if threads > 0 {
         b.worker_threads(threads);
@@ -198,7 +198,7 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Summary fields every mode fills the same way.
-pub fn base_summary(mode: &str, common: &CommonArgs, stats: &Stats, connect_secs: f64) -> Summary {
+pub(crate) fn base_summary(mode: &str, common: &CommonArgs, stats: &Stats, connect_secs: f64) -> Summary {
     let succ = stats.get(Counter::ConnectSucc);
     Summary {
         mode: mode.into(),
@@ -219,7 +219,7 @@ pub fn base_summary(mode: &str, common: &CommonArgs, stats: &Stats, connect_secs
 }
 
 /// Prints the summary as text or JSON.
-pub fn print_summary(s: &Summary, json: bool) {
+pub(crate) fn print_summary(s: &Summary, json: bool) {
     use std::io::Write as _;
     let text = if json { s.to_json() + "\n" } else { s.to_text() };
     // A closed stdout (`| head`) is not worth a panic.
@@ -239,7 +239,7 @@ fn watch_disconnects(client: Client, stats: Arc<Stats>) {
 }
 
 /// `braid bench conn`: connect -c clients and hold them until --duration or Ctrl-C.
-pub async fn run(args: ConnArgs) -> Summary {
+pub(crate) async fn run(args: ConnArgs) -> Summary {
     let common = &args.common;
     let stats = Arc::new(Stats::new());
     let start = Instant::now();

@@ -2,22 +2,22 @@
 //! makes sense. Every client goes through `braid-client`, so the tool measures any broker (and,
 //! later, any transport) the same way. See `bench/README.md`.
 
-pub mod args;
-pub mod conn;
-pub mod payload;
-pub mod r#pub;
-pub mod report;
-pub mod spec;
-pub mod stats;
-pub mod sub;
+pub(crate) mod args;
+pub(crate) mod conn;
+pub(crate) mod payload;
+pub(crate) mod r#pub;
+pub(crate) mod report;
+pub(crate) mod spec;
+pub(crate) mod stats;
+pub(crate) mod sub;
 
 use std::process::ExitCode;
 
-pub use args::BenchArgs;
+pub(crate) use args::BenchArgs;
 use args::BenchCommand;
 
 /// Runs `braid bench ...`.
-pub fn run(args: BenchArgs) -> ExitCode {
+pub(crate) fn run(args: BenchArgs) -> ExitCode {
     let (threads, json) = match args.command.as_ref() {
         BenchCommand::Conn(a) => (a.common.threads, a.common.json),
         BenchCommand::Sub(a) => (a.common.threads, a.common.json),

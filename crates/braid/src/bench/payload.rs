@@ -26,26 +26,26 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// First byte of a stamped payload.
-pub const MAGIC: u8 = 0xB5;
+pub(crate) const MAGIC: u8 = 0xB5;
 /// Layout tag of the 18-byte stamp.
-pub const LONG: u8 = 0x01;
+pub(crate) const LONG: u8 = 0x01;
 /// Layout tag of the 10-byte stamp.
-pub const SHORT: u8 = 0x02;
+pub(crate) const SHORT: u8 = 0x02;
 /// Bytes of the long stamp.
-pub const LONG_LEN: usize = 18;
+pub(crate) const LONG_LEN: usize = 18;
 /// Bytes of the short stamp.
-pub const SHORT_LEN: usize = 10;
+pub(crate) const SHORT_LEN: usize = 10;
 
 /// A monotonic clock in nanoseconds since the Unix epoch, shared by the whole process.
 #[derive(Clone, Copy, Debug)]
-pub struct Clock {
+pub(crate) struct Clock {
     base: Instant,
     base_epoch_ns: u64,
 }
 
 impl Clock {
     /// The process-wide clock.
-    pub fn global() -> Clock {
+    pub(crate) fn global() -> Clock {
         static CLOCK: OnceLock<Clock> = OnceLock::new();
         *CLOCK.get_or_init(|| {
             let base = Instant::now();
@@ -56,14 +56,14 @@ impl Clock {
 
     /// Nanoseconds since the Unix epoch.
     #[inline]
-    pub fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(&self) -> u64 {
         self.base_epoch_ns + self.base.elapsed().as_nanos() as u64
     }
 }
 
 /// What a stamped payload says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     /// Publisher id (unique within one `braid bench pub` process, from `-n`).
     pub publisher: u32,
     /// Sequence number, truncated to `seq_bits`.
@@ -79,7 +79,7 @@ pub struct Stamp {
 impl Stamp {
     /// Latency in ns, given the receive time in ns since the epoch. `None` for a send time in
     /// the future (clock anchoring of another process).
-    pub fn latency_ns(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn latency_ns(&self, now_ns: u64) -> Option<u64> {
         if self.short {
             let now_us = (now_ns / 1_000) as u32;
             let d = now_us.wrapping_sub(self.sent as u32);
@@ -97,7 +97,7 @@ impl Stamp {
 
 /// Reads the stamp of a payload, if it has one.
 #[inline]
-pub fn parse(payload: &[u8]) -> Option<Stamp> {
+pub(crate) fn parse(payload: &[u8]) -> Option<Stamp> {
     if payload.len() < SHORT_LEN || payload[0] != MAGIC {
         return None;
     }
@@ -122,7 +122,7 @@ pub fn parse(payload: &[u8]) -> Option<Stamp> {
 
 /// Finds `"timestamp":"<digits>"` (or a bare number) in a JSON payload and returns it in ns
 /// since the epoch, telling s/ms/µs/ns apart by magnitude.
-pub fn parse_json_timestamp(payload: &[u8]) -> Option<u64> {
+pub(crate) fn parse_json_timestamp(payload: &[u8]) -> Option<u64> {
     if payload.first() != Some(&b'{') {
         return None;
     }
@@ -147,7 +147,7 @@ pub fn parse_json_timestamp(payload: &[u8]) -> Option<u64> {
 
 /// Builds the payloads of one publisher: `size` bytes, stamped when `size` allows, carved out of
 /// a shared buffer so that sending costs no allocation per message (one per 64 KiB of payload).
-pub struct PayloadBuilder {
+pub(crate) struct PayloadBuilder {
     buf: BytesMut,
     filler: Bytes,
     publisher: u32,
@@ -159,12 +159,12 @@ const CHUNK: usize = 64 * 1024;
 
 impl PayloadBuilder {
     /// A builder for payloads of `size` bytes from `publisher`.
-    pub fn new(size: usize, publisher: u32) -> PayloadBuilder {
+    pub(crate) fn new(size: usize, publisher: u32) -> PayloadBuilder {
         PayloadBuilder { buf: BytesMut::new(), filler: Bytes::from(vec![b'a'; size]), publisher, seq: 0 }
     }
 
     /// The next payload, stamped with `now_ns`.
-    pub fn next(&mut self, now_ns: u64) -> Bytes {
+    pub(crate) fn next(&mut self, now_ns: u64) -> Bytes {
         let size = self.filler.len();
         if self.buf.capacity() < size {
             self.buf.reserve(size.max(CHUNK));
@@ -192,7 +192,7 @@ impl PayloadBuilder {
     }
 
     /// A payload written by `write` (topic-spec payloads), carved from the same buffer.
-    pub fn custom(&mut self, approx_len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+    pub(crate) fn custom(&mut self, approx_len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
         if self.buf.capacity() < approx_len {
             self.buf.reserve(approx_len.max(CHUNK));
         }

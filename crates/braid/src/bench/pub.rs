@@ -285,7 +285,7 @@ fn load_spec(args: &PubArgs) -> Result<Option<TopicSpec>, String> {
 }
 
 /// `braid bench pub`
-pub async fn run(args: PubArgs) -> Result<Summary, String> {
+pub(crate) async fn run(args: PubArgs) -> Result<Summary, String> {
     let common = &args.common;
     let spec = load_spec(&args)?;
     let stats = Arc::new(Stats::new());

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::stats::{Counter, Stats};
 
 /// `5s`, `1m1s`, `2h0m3s`: elapsed time as emqtt_bench prints it.
-pub fn fmt_elapsed(secs: u64) -> String {
+pub(crate) fn fmt_elapsed(secs: u64) -> String {
     let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
     if h > 0 {
         format!("{h}h{m}m{s}s")
@@ -24,19 +24,19 @@ pub fn fmt_elapsed(secs: u64) -> String {
 }
 
 /// One per-second line.
-pub fn line(elapsed_secs: u64, name: &str, total: u64, delta: u64, interval: Duration) -> String {
+pub(crate) fn line(elapsed_secs: u64, name: &str, total: u64, delta: u64, interval: Duration) -> String {
     let rate = delta as f64 / interval.as_secs_f64().max(1e-9);
     format!("{} {name} total={total} rate={rate:.2}/sec", fmt_elapsed(elapsed_secs))
 }
 
 /// Prints the per-second lines until dropped. Lines go to stderr when stdout carries JSON.
-pub struct Ticker {
+pub(crate) struct Ticker {
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Ticker {
     /// Starts printing (nothing at all with `quiet`).
-    pub fn start(stats: Arc<Stats>, start: Instant, to_stderr: bool, quiet: bool) -> Ticker {
+    pub(crate) fn start(stats: Arc<Stats>, start: Instant, to_stderr: bool, quiet: bool) -> Ticker {
         let task = tokio::spawn(async move {
             if quiet {
                 return;
@@ -87,7 +87,7 @@ impl Drop for Ticker {
 
 /// Latency percentiles in nanoseconds.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct Latency {
+pub(crate) struct Latency {
     /// Samples.
     pub count: u64,
     /// Smallest.
@@ -110,7 +110,7 @@ pub struct Latency {
 
 impl Latency {
     /// Percentiles of `h` (all zero when empty).
-    pub fn of(h: &Histogram<u64>) -> Latency {
+    pub(crate) fn of(h: &Histogram<u64>) -> Latency {
         if h.is_empty() {
             return Latency::default();
         }
@@ -130,7 +130,7 @@ impl Latency {
 
 /// The final summary of one run.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// `conn`, `sub` or `pub`.
     pub mode: String,
     /// Protocol level (3, 4, 5).
@@ -211,7 +211,7 @@ fn fmt_ns(ns: f64) -> String {
 
 impl Summary {
     /// The summary as people read it.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "== braid bench {} summary (MQTT v{}) ==", self.mode, version_name(self.version));
         let _ = writeln!(
@@ -286,7 +286,7 @@ impl Summary {
     }
 
     /// The summary as one JSON object.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("summary serializes")
     }
 }
@@ -300,7 +300,7 @@ fn version_name(v: u8) -> &'static str {
 }
 
 /// `n / secs`, 0 for an empty interval.
-pub fn rate(n: u64, secs: f64) -> f64 {
+pub(crate) fn rate(n: u64, secs: f64) -> f64 {
     if secs > 0.0 {
         n as f64 / secs
     } else {

@@ -16,11 +16,11 @@
 use serde_json::{Map, Value};
 
 /// One page of `%pN` padding.
-pub const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 
 /// Unit of an injected timestamp (`inject_timestamp`: `true` = ns, or "s", "ms", "us", "ns").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TsUnit {
+pub(crate) enum TsUnit {
     /// Seconds since the Unix epoch.
     S,
     /// Milliseconds.
@@ -33,7 +33,7 @@ pub enum TsUnit {
 
 impl TsUnit {
     /// Formats `epoch_ns` in this unit.
-    pub fn scale(self, epoch_ns: u64) -> u64 {
+    pub(crate) fn scale(self, epoch_ns: u64) -> u64 {
         match self {
             TsUnit::S => epoch_ns / 1_000_000_000,
             TsUnit::Ms => epoch_ns / 1_000_000,
@@ -45,7 +45,7 @@ impl TsUnit {
 
 /// One topic of the spec.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TopicEntry {
+pub(crate) struct TopicEntry {
     /// Topic name template (`%i`, `%c`, `%u`).
     pub name: String,
     /// Milliseconds between two messages on this topic, per client.
@@ -70,14 +70,14 @@ pub struct TopicEntry {
 
 /// A parsed topic spec.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TopicSpec {
+pub(crate) struct TopicSpec {
     /// The topics, in file order.
     pub topics: Vec<TopicEntry>,
 }
 
 impl TopicSpec {
     /// Parses the spec text.
-    pub fn parse(text: &str) -> Result<TopicSpec, String> {
+    pub(crate) fn parse(text: &str) -> Result<TopicSpec, String> {
         let cleaned = strip_trailing_commas(text);
         let root: Value = serde_json::from_str(&cleaned).map_err(|e| format!("topic spec: {e}"))?;
         let topics = root
@@ -95,7 +95,7 @@ impl TopicSpec {
     }
 
     /// True when some topic asks for a stream other than 0 or for a priority: ignored on TCP.
-    pub fn uses_streams(&self) -> bool {
+    pub(crate) fn uses_streams(&self) -> bool {
         self.topics.iter().any(|t| t.stream != 0 || t.stream_priority.is_some())
     }
 }
@@ -232,7 +232,7 @@ fn strip_trailing_commas(text: &str) -> String {
 
 /// Values substituted into templates for one client.
 #[derive(Clone, Copy, Debug)]
-pub struct Vars<'a> {
+pub(crate) struct Vars<'a> {
     /// `%i`: the client's sequence number.
     pub seq: u64,
     /// `%c`: the client id.
@@ -242,12 +242,12 @@ pub struct Vars<'a> {
 }
 
 /// Substitutes `%i`, `%c` and `%u` (topic names, `-t`). `%%` is a literal `%`.
-pub fn render_topic(template: &str, vars: Vars<'_>) -> String {
+pub(crate) fn render_topic(template: &str, vars: Vars<'_>) -> String {
     render(template, vars, false)
 }
 
 /// Substitutes `%i`, `%c`, `%u` and `%pN` (N pages of 4 KiB of `a`).
-pub fn render_value(template: &str, vars: Vars<'_>) -> String {
+pub(crate) fn render_value(template: &str, vars: Vars<'_>) -> String {
     render(template, vars, true)
 }
 
@@ -303,7 +303,7 @@ fn render(template: &str, vars: Vars<'_>, pages: bool) -> String {
 /// A topic of the spec made concrete for one client: its topic name and its payload split around
 /// the timestamp value, so each message costs two copies and a number.
 #[derive(Clone, Debug)]
-pub struct RenderedTopic {
+pub(crate) struct RenderedTopic {
     /// The topic name.
     pub topic: String,
     /// QoS 0..=2.
@@ -326,7 +326,7 @@ pub struct RenderedTopic {
 
 impl RenderedTopic {
     /// Writes one payload stamped with `epoch_ns` into `out`.
-    pub fn write_payload(&self, epoch_ns: u64, out: &mut impl Extend<u8>) {
+    pub(crate) fn write_payload(&self, epoch_ns: u64, out: &mut impl Extend<u8>) {
         out.extend(self.head.iter().copied());
         if let Some(unit) = self.inject {
             write_decimal(unit.scale(epoch_ns), out);
@@ -335,13 +335,13 @@ impl RenderedTopic {
     }
 
     /// Length of the payload (timestamps of the same width).
-    pub fn approx_len(&self) -> usize {
+    pub(crate) fn approx_len(&self) -> usize {
         self.head.len() + self.tail.len() + if self.inject.is_some() { 20 } else { 0 }
     }
 }
 
 /// Writes `v` in decimal without allocating.
-pub fn write_decimal(mut v: u64, out: &mut impl Extend<u8>) {
+pub(crate) fn write_decimal(mut v: u64, out: &mut impl Extend<u8>) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -360,7 +360,7 @@ const TS_MARK: &str = "\u{1}braid-ts\u{1}";
 
 impl TopicEntry {
     /// Renders this topic for one client.
-    pub fn render_for(&self, vars: Vars<'_>) -> RenderedTopic {
+    pub(crate) fn render_for(&self, vars: Vars<'_>) -> RenderedTopic {
         let topic = render_topic(&self.name, vars);
         let (head, tail) = match &self.payload {
             Value::String(s) => {

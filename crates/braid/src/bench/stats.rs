@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 
 /// The per-second counters, named as emqtt_bench prints them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
+pub(crate) enum Counter {
     /// CONNACK success.
     ConnectSucc,
     /// Connect refused, timed out or failed.
@@ -33,7 +33,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every counter, in print order.
-    pub const ALL: [Counter; 8] = [
+    pub(crate) const ALL: [Counter; 8] = [
         Counter::ConnectSucc,
         Counter::ConnectFail,
         Counter::Sub,
@@ -45,7 +45,7 @@ impl Counter {
     ];
 
     /// Name in the per-second lines.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Counter::ConnectSucc => "connect_succ",
             Counter::ConnectFail => "connect_fail",
@@ -67,7 +67,7 @@ struct Padded(AtomicU64);
 const SHARDS: usize = 8;
 
 /// Everything the clients of one run count, shared by all tasks.
-pub struct Stats {
+pub(crate) struct Stats {
     counters: [Padded; Counter::ALL.len()],
     latency: Vec<Mutex<Histogram<u64>>>,
     connect_latency: Mutex<Histogram<u64>>,
@@ -85,7 +85,7 @@ fn histogram() -> Histogram<u64> {
 
 impl Stats {
     /// Zeroed counters and empty histograms.
-    pub fn new() -> Stats {
+    pub(crate) fn new() -> Stats {
         Stats {
             counters: Default::default(),
             latency: (0..SHARDS).map(|_| Mutex::new(histogram())).collect(),
@@ -95,33 +95,33 @@ impl Stats {
 
     /// Adds one.
     #[inline]
-    pub fn inc(&self, c: Counter) {
+    pub(crate) fn inc(&self, c: Counter) {
         self.add(c, 1);
     }
 
     /// Adds `n`.
     #[inline]
-    pub fn add(&self, c: Counter, n: u64) {
+    pub(crate) fn add(&self, c: Counter, n: u64) {
         self.counters[c as usize].0.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Current value.
-    pub fn get(&self, c: Counter) -> u64 {
+    pub(crate) fn get(&self, c: Counter) -> u64 {
         self.counters[c as usize].0.load(Ordering::Relaxed)
     }
 
     /// Records one CONNECT -> CONNACK time.
-    pub fn record_connect(&self, ns: u64) {
+    pub(crate) fn record_connect(&self, ns: u64) {
         let _ = self.connect_latency.lock().unwrap_or_else(|e| e.into_inner()).record(ns);
     }
 
     /// The CONNECT -> CONNACK histogram so far.
-    pub fn connect_latency(&self) -> Histogram<u64> {
+    pub(crate) fn connect_latency(&self) -> Histogram<u64> {
         self.connect_latency.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// All latency samples flushed so far, merged.
-    pub fn latency(&self) -> Histogram<u64> {
+    pub(crate) fn latency(&self) -> Histogram<u64> {
         let mut all = histogram();
         for shard in &self.latency {
             let h = shard.lock().unwrap_or_else(|e| e.into_inner());
@@ -139,7 +139,7 @@ impl Stats {
 }
 
 /// A subscriber's buffer of latency samples.
-pub struct LatencyBatch {
+pub(crate) struct LatencyBatch {
     buf: [u64; 64],
     len: usize,
     shard: usize,
@@ -147,13 +147,13 @@ pub struct LatencyBatch {
 
 impl LatencyBatch {
     /// A batch that flushes into shard `shard` (e.g. the subscriber's index).
-    pub fn new(shard: usize) -> LatencyBatch {
+    pub(crate) fn new(shard: usize) -> LatencyBatch {
         LatencyBatch { buf: [0; 64], len: 0, shard }
     }
 
     /// Buffers one sample (ns), flushing when full.
     #[inline]
-    pub fn record(&mut self, stats: &Stats, ns: u64) {
+    pub(crate) fn record(&mut self, stats: &Stats, ns: u64) {
         self.buf[self.len] = ns;
         self.len += 1;
         if self.len == self.buf.len() {
@@ -162,7 +162,7 @@ impl LatencyBatch {
     }
 
     /// Moves the buffered samples into the shared histogram.
-    pub fn flush(&mut self, stats: &Stats) {
+    pub(crate) fn flush(&mut self, stats: &Stats) {
         if self.len > 0 {
             stats.flush_latency(self.shard, &self.buf[..self.len]);
             self.len = 0;
@@ -172,7 +172,7 @@ impl LatencyBatch {
 
 /// What one subscriber saw from one publisher.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PubSeq {
+pub(crate) struct PubSeq {
     /// First sequence number seen.
     pub first: u64,
     /// Highest sequence number seen + 1.
@@ -189,7 +189,7 @@ pub struct PubSeq {
 
 impl PubSeq {
     /// Widens a wire sequence of `bits` bits to the value nearest the last one seen.
-    pub fn extend(&self, raw: u64, bits: u32) -> u64 {
+    pub(crate) fn extend(&self, raw: u64, bits: u32) -> u64 {
         if bits >= 64 || !self.seen {
             return raw;
         }
@@ -205,7 +205,7 @@ impl PubSeq {
     }
 
     /// Accounts for sequence number `seq` (already extended).
-    pub fn observe(&mut self, seq: u64) {
+    pub(crate) fn observe(&mut self, seq: u64) {
         if !self.seen {
             *self = PubSeq { first: seq, next: seq + 1, unique: 1, window: 1, seen: true, ..*self };
             return;
@@ -234,14 +234,14 @@ impl PubSeq {
     }
 
     /// Gaps between the first and highest sequence seen that were never filled.
-    pub fn gaps(&self) -> u64 {
+    pub(crate) fn gaps(&self) -> u64 {
         (self.next - self.first).saturating_sub(self.unique)
     }
 }
 
 /// A subscriber's sequence state for every publisher it hears from.
 #[derive(Default, Debug, Clone)]
-pub struct SeqTracker {
+pub(crate) struct SeqTracker {
     dense: Vec<PubSeq>,
     sparse: std::collections::HashMap<u32, PubSeq>,
 }
@@ -252,7 +252,7 @@ const DENSE: u32 = 1 << 20;
 impl SeqTracker {
     /// Accounts for one stamped message.
     #[inline]
-    pub fn observe(&mut self, publisher: u32, raw_seq: u64, bits: u32) {
+    pub(crate) fn observe(&mut self, publisher: u32, raw_seq: u64, bits: u32) {
         let entry = if publisher < DENSE {
             let i = publisher as usize;
             if i >= self.dense.len() {
@@ -267,7 +267,7 @@ impl SeqTracker {
     }
 
     /// Every publisher heard from, with its state.
-    pub fn publishers(&self) -> impl Iterator<Item = (u32, &PubSeq)> + '_ {
+    pub(crate) fn publishers(&self) -> impl Iterator<Item = (u32, &PubSeq)> + '_ {
         self.dense
             .iter()
             .enumerate()
@@ -277,7 +277,7 @@ impl SeqTracker {
     }
 
     /// The state for one publisher, if heard from.
-    pub fn get(&self, publisher: u32) -> Option<&PubSeq> {
+    pub(crate) fn get(&self, publisher: u32) -> Option<&PubSeq> {
         if publisher < DENSE {
             self.dense.get(publisher as usize).filter(|s| s.seen)
         } else {
@@ -288,7 +288,7 @@ impl SeqTracker {
 
 /// Loss accounting over all subscribers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// Distinct messages received (per subscriber, summed).
     pub unique: u64,
     /// Messages never received.
@@ -302,7 +302,7 @@ pub struct Delivery {
 /// Sums the trackers of all subscribers. With `sent` (messages each publisher id sent, known
 /// when publishers run in this process), every subscriber is expected to get all of them;
 /// otherwise loss is the gaps between the first and the last sequence each subscriber saw.
-pub fn delivery<'a>(
+pub(crate) fn delivery<'a>(
     trackers: impl IntoIterator<Item = &'a SeqTracker>,
     sent: Option<&[(u32, u64)]>,
 ) -> Delivery {

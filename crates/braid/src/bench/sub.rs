@@ -15,7 +15,7 @@ use super::stats::{self, Counter, LatencyBatch, SeqTracker, Stats};
 
 /// What one subscriber saw.
 #[derive(Default)]
-pub struct SubResult {
+pub(crate) struct SubResult {
     /// Per-publisher sequence state.
     pub tracker: SeqTracker,
     /// Messages without a stamp.
@@ -27,12 +27,12 @@ pub struct SubResult {
 }
 
 /// QoS from 0..=2.
-pub fn qos(q: u8) -> QoS {
+pub(crate) fn qos(q: u8) -> QoS {
     QoS::from_u8(q).unwrap_or(QoS::AtMostOnce)
 }
 
 /// Subscribes `client` to `filters` (templates rendered for this client) and counts the outcome.
-pub async fn subscribe(conn: &Conn, filters: &[String], q: u8, username: &str, stats: &Stats) -> bool {
+pub(crate) async fn subscribe(conn: &Conn, filters: &[String], q: u8, username: &str, stats: &Stats) -> bool {
     let vars = Vars { seq: conn.seq, client_id: &conn.client_id, username };
     let opts = SubscriptionOptions { qos: qos(q), ..Default::default() };
     let list = filters.iter().map(|f| (render_topic(f, vars), opts)).collect();
@@ -55,7 +55,7 @@ pub async fn subscribe(conn: &Conn, filters: &[String], q: u8, username: &str, s
 }
 
 /// Receives until the client is disconnected: counts, latency into `stats`, sequence tracking.
-pub async fn receive(client: Client, index: usize, stats: Arc<Stats>) -> SubResult {
+pub(crate) async fn receive(client: Client, index: usize, stats: Arc<Stats>) -> SubResult {
     let clock = Clock::global();
     let mut lat = LatencyBatch::new(index);
     let mut r = SubResult::default();
@@ -91,7 +91,7 @@ pub async fn receive(client: Client, index: usize, stats: Arc<Stats>) -> SubResu
 }
 
 /// Running subscribers.
-pub struct Subscribers {
+pub(crate) struct Subscribers {
     /// Their handles, to disconnect them.
     pub clients: Vec<Client>,
     /// What each receiving task saw; `false`: a stream whose messages are not measured.
@@ -106,7 +106,7 @@ impl Subscribers {
     /// Connects `count` subscribers, subscribes each to `filters` and starts receiving; with
     /// `priorities` (QUIC), filter i on a data stream of its own at priority i.
     #[allow(clippy::too_many_arguments)]
-    pub async fn start(
+    pub(crate) async fn start(
         common: &super::args::CommonArgs,
         first_seq: u64,
         count: u32,
@@ -153,12 +153,12 @@ impl Subscribers {
     }
 
     /// Number of connected subscribers.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.clients.len()
     }
 
     /// Disconnects them and collects what each saw.
-    pub async fn finish(mut self) -> Vec<SubResult> {
+    pub(crate) async fn finish(mut self) -> Vec<SubResult> {
         conn::disconnect_all(self.clients.drain(..)).await;
         let mut out = Vec::new();
         while let Some(r) = self.tasks.join_next().await {
@@ -199,7 +199,7 @@ async fn subscribe_on_streams(
 
 /// Fills the receive side of a summary from the subscribers' results. `since_ns` is the start
 /// of the measured interval (publish start; or, when 0, the first message received).
-pub fn fill_receive(
+pub(crate) fn fill_receive(
     s: &mut Summary,
     results: &[SubResult],
     stats: &Stats,
@@ -221,7 +221,7 @@ pub fn fill_receive(
 }
 
 /// `braid bench sub`
-pub async fn run(args: SubArgs) -> Result<Summary, String> {
+pub(crate) async fn run(args: SubArgs) -> Result<Summary, String> {
     let common = &args.common;
     let priorities = &args.stream_priorities;
     if !priorities.is_empty() && (!common.transport.quic || priorities.len() != args.topics.len()) {

@@ -2,9 +2,9 @@
 //! mosquitto_sub flags, built on braid-client. This module holds what both share: connection
 //! flags, v5 properties (`-D`, `--user-property`), parsing helpers and exit codes.
 
-pub mod passwd;
-pub mod publish;
-pub mod subscribe;
+pub(crate) mod passwd;
+pub(crate) mod publish;
+pub(crate) mod subscribe;
 
 use std::hash::{BuildHasher, Hasher};
 use std::process::ExitCode;
@@ -18,14 +18,14 @@ use braid_client::{
 };
 
 /// Exit status for connection, refusal and protocol errors.
-pub const EXIT_ERROR: u8 = 1;
+pub(crate) const EXIT_ERROR: u8 = 1;
 /// Exit status when `-W` expires (mosquitto's MOSQ_ERR_TIMEOUT).
-pub const EXIT_TIMEOUT: u8 = 27;
+pub(crate) const EXIT_TIMEOUT: u8 = 27;
 
 /// Flags shared by `braid pub` and `braid sub` (mosquitto's names; `-h` is the host, so help
 /// is `--help` only).
 #[derive(clap::Args, Debug)]
-pub struct ConnArgs {
+pub(crate) struct ConnArgs {
     /// Broker host.
     #[arg(short = 'h', long = "host", default_value = "localhost")]
     pub host: String,
@@ -87,7 +87,7 @@ pub struct ConnArgs {
 
 /// v5 properties collected from -D and --user-property, by the packet they belong to.
 #[derive(Debug, Default)]
-pub struct V5Properties {
+pub(crate) struct V5Properties {
     pub connect: Properties,
     pub publish: Properties,
     pub subscribe: Properties,
@@ -96,7 +96,7 @@ pub struct V5Properties {
 
 impl ConnArgs {
     /// The protocol version: -V, or v5 if v5 properties were given, else 3.1.1.
-    pub fn version(&self) -> ProtocolVersion {
+    pub(crate) fn version(&self) -> ProtocolVersion {
         match self.version {
             Some(v) => v,
             None if !self.property.is_empty() || !self.user_properties.is_empty() => ProtocolVersion::V5,
@@ -105,7 +105,7 @@ impl ConnArgs {
     }
 
     /// -D and --user-property, `user_properties_to` naming the packet --user-property goes on.
-    pub fn v5_properties(&self, user_properties_to: &str) -> Result<V5Properties, String> {
+    pub(crate) fn v5_properties(&self, user_properties_to: &str) -> Result<V5Properties, String> {
         let mut p = V5Properties::default();
         if (!self.property.is_empty() || !self.user_properties.is_empty()) && !self.version().is_v5() {
             return Err("properties (-D, --user-property) need MQTT v5 (-V 5)".into());
@@ -129,7 +129,7 @@ impl ConnArgs {
     }
 
     /// Client options for these flags; `prefix` names the default client id.
-    pub fn options(&self, prefix: &str, props: &V5Properties) -> Result<ClientOptions, String> {
+    pub(crate) fn options(&self, prefix: &str, props: &V5Properties) -> Result<ClientOptions, String> {
         let version = self.version();
         if self.persistent && self.id.is_none() {
             return Err("you must provide a client id (-i) if you are using -c".into());
@@ -165,7 +165,7 @@ impl ConnArgs {
     }
 
     /// Logs to stderr: warnings, or debug with -d.
-    pub fn init_logging(&self) {
+    pub(crate) fn init_logging(&self) {
         let level = if self.debug { "braid_client=debug,braid=debug" } else { "warn" };
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let _ = tracing_subscriber::fmt()
@@ -233,7 +233,7 @@ fn set_property(p: &mut Properties, args: &[String]) -> Result<(), String> {
 }
 
 /// QoS from a validated 0..=2.
-pub fn qos(q: u8) -> QoS {
+pub(crate) fn qos(q: u8) -> QoS {
     QoS::from_u8(q).unwrap_or(QoS::AtMostOnce)
 }
 
@@ -260,7 +260,7 @@ fn parse_user_property(s: &str) -> Result<(String, String), String> {
 }
 
 /// Retain Handling from 0/1/2 or a name.
-pub fn parse_retain_handling(s: &str) -> Result<RetainHandling, String> {
+pub(crate) fn parse_retain_handling(s: &str) -> Result<RetainHandling, String> {
     match s.to_ascii_lowercase().as_str() {
         "0" | "send" | "send-at-subscribe" | "always" => Ok(RetainHandling::SendAtSubscribe),
         "1" | "send-if-new" | "new" => Ok(RetainHandling::SendIfNew),
@@ -277,12 +277,12 @@ fn random_u64() -> u64 {
 }
 
 /// "Not authorized (0x87)".
-pub fn reason(r: ReasonCode) -> String {
+pub(crate) fn reason(r: ReasonCode) -> String {
     format!("{} (0x{:02X})", r.description(), r as u8)
 }
 
 /// An error message for a failed connect, naming the broker.
-pub fn connect_error(o: &ClientOptions, e: &Error) -> String {
+pub(crate) fn connect_error(o: &ClientOptions, e: &Error) -> String {
     match e {
         Error::Refused(r) => format!("connection refused by {}:{}: {}", o.host, o.port, reason(*r)),
         Error::Timeout => format!("no CONNACK from {}:{} within {:?}", o.host, o.port, o.connect_timeout),
@@ -291,12 +291,12 @@ pub fn connect_error(o: &ClientOptions, e: &Error) -> String {
 }
 
 /// Prints `braid <cmd>: <msg>` and returns the error exit code.
-pub fn fail(cmd: &str, msg: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn fail(cmd: &str, msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("braid {cmd}: {msg}");
     ExitCode::from(EXIT_ERROR)
 }
 
 /// A single-threaded runtime for the CLI clients.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build()
 }

@@ -10,7 +10,7 @@ use braid_broker::auth::password::PasswordFile;
 
 /// `braid passwd [-D] [--password PW] FILE USER`.
 #[derive(clap::Args, Debug)]
-pub struct PasswdArgs {
+pub(crate) struct PasswdArgs {
     /// Delete USER instead of setting a password.
     #[arg(short = 'D', long = "delete")]
     pub delete: bool,
@@ -25,7 +25,7 @@ pub struct PasswdArgs {
 }
 
 /// Runs `braid passwd`: exit status 0, or 1 with a message on stderr.
-pub fn run(args: PasswdArgs) -> ExitCode {
+pub(crate) fn run(args: PasswdArgs) -> ExitCode {
     match passwd(args) {
         Ok(msg) => {
             eprintln!("{msg}");

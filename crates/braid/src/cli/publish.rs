@@ -17,7 +17,7 @@ use super::{connect_error, fail, qos, reason, runtime, ConnArgs};
 #[derive(clap::Args, Debug)]
 #[command(disable_help_flag = true)]
 #[command(group(ArgGroup::new("payload").required(true).args(["message", "file", "stdin_file", "stdin_line", "null_message"])))]
-pub struct PubArgs {
+pub(crate) struct PubArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
     /// Topic to publish to.
@@ -56,7 +56,7 @@ pub struct PubArgs {
 }
 
 /// Runs `braid pub`.
-pub fn run(args: PubArgs) -> ExitCode {
+pub(crate) fn run(args: PubArgs) -> ExitCode {
     args.conn.init_logging();
     if !(args.repeat_delay >= 0.0 && args.repeat_delay.is_finite()) {
         return fail("pub", "--repeat-delay must be a number of seconds >= 0");

@@ -16,7 +16,7 @@ use super::{connect_error, fail, parse_retain_handling, qos, reason, runtime, Co
 /// Subscribe and print messages, like mosquitto_sub.
 #[derive(clap::Args, Debug)]
 #[command(disable_help_flag = true)]
-pub struct SubArgs {
+pub(crate) struct SubArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
     /// Topic filter to subscribe to; repeatable.
@@ -59,7 +59,7 @@ pub struct SubArgs {
 }
 
 /// Runs `braid sub`.
-pub fn run(args: SubArgs) -> ExitCode {
+pub(crate) fn run(args: SubArgs) -> ExitCode {
     args.conn.init_logging();
     let rt = match runtime() {
         Ok(rt) => rt,

@@ -28,7 +28,7 @@ pub(crate) const STREAM_BUDGET: usize = 64 * 1024;
 
 /// SUBSCRIBE user property that sets the priority of the broker's side of the stream the
 /// SUBSCRIBE arrives on (QUIC carries no priorities on the wire).
-pub const PRIORITY_PROPERTY: &str = "stream-priority";
+pub(super) const PRIORITY_PROPERTY: &str = "stream-priority";
 
 /// "No reset asked for" in [`StreamOut::reset`].
 const NO_RESET: u32 = u32::MAX;
