@@ -51,7 +51,9 @@ pub(crate) struct QuicConn {
 impl QuicConn {
     /// After a failed CONNECT exchange: a new control stream if the failure was the server
     /// refusing 0-RTT data (the connection itself goes on in 1-RTT).
-    pub(crate) async fn reopen_after_rejected_0rtt(&mut self) -> Option<(quinn::SendStream, quinn::RecvStream)> {
+    pub(crate) async fn reopen_after_rejected_0rtt(
+        &mut self,
+    ) -> Option<(quinn::SendStream, quinn::RecvStream)> {
         let accepted = self.zero_rtt.take()?.await;
         if accepted {
             return None;

@@ -100,7 +100,13 @@ pub(super) struct Trie {
 impl Trie {
     /// Adds or replaces a subscription to a valid `filter`. True if new. With `unique` the
     /// caller knows the session has no subscription to `filter` yet (no scan for it).
-    pub(super) fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry, unique: bool) -> bool {
+    pub(super) fn insert(
+        &mut self,
+        filter: &str,
+        group: Option<&str>,
+        entry: SubEntry,
+        unique: bool,
+    ) -> bool {
         let mut node = &mut self.root;
         let mut levels = filter.split('/').peekable();
         while let Some(level) = levels.next() {
@@ -129,7 +135,12 @@ impl Trie {
     }
 
     /// A session's subscription to `filter`.
-    pub(super) fn get_mut(&mut self, filter: &str, group: Option<&str>, session_id: u64) -> Option<&mut SubEntry> {
+    pub(super) fn get_mut(
+        &mut self,
+        filter: &str,
+        group: Option<&str>,
+        session_id: u64,
+    ) -> Option<&mut SubEntry> {
         let mut node = &mut self.root;
         let mut levels = filter.split('/').peekable();
         let slot = loop {

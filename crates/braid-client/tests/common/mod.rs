@@ -191,7 +191,11 @@ impl FakeServer {
         FakeSession { client, connected, server, conn, connect }
     }
 
-    pub(crate) async fn accept_ok(&self, session_present: bool, properties: Properties) -> (FakeConn, Connect) {
+    pub(crate) async fn accept_ok(
+        &self,
+        session_present: bool,
+        properties: Properties,
+    ) -> (FakeConn, Connect) {
         let (mut conn, connect) = self.accept().await;
         conn.send(Packet::ConnAck(ConnAck { session_present, reason: ReasonCode::Success, properties }))
             .await;
