@@ -218,3 +218,68 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::SessionConfig;
+    use crate::router::Subscriber;
+    use crate::session::{QueueLimits, Session};
+
+    fn entry(id: u64) -> SubEntry {
+        let limits = Arc::new(QueueLimits::from_config(&SessionConfig::default()));
+        SubEntry {
+            to: Subscriber::Session(Arc::new(Session::new(id, format!("c{id}").into(), limits))),
+            options: Default::default(),
+            sub_id: None,
+            merge_overlaps: false,
+            overlaps: 0,
+            stream: Default::default(),
+        }
+    }
+
+    /// The ids of the normal subscriptions and of every group member `topic` reaches.
+    fn reached(t: &Trie, topic: &str) -> Vec<u64> {
+        let mut ids = Vec::new();
+        t.matches(topic, &mut |slot| {
+            ids.extend(slot.subs.iter().map(|e| e.to.id()));
+            ids.extend(slot.groups.iter().flat_map(|g| g.members.iter().map(|e| e.to.id())));
+        });
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn hash_matches_its_parent_level_and_plus_exactly_one_level() {
+        let mut t = Trie::default();
+        t.insert("a/#", None, entry(1), false);
+        t.insert("a/+", None, entry(2), false);
+        t.insert("+/+/c", None, entry(3), false);
+        assert_eq!(reached(&t, "a"), [1]);
+        assert_eq!(reached(&t, "a/b"), [1, 2]);
+        assert_eq!(reached(&t, "a/b/c"), [1, 3]);
+        assert_eq!(reached(&t, "b/b/c"), [3]);
+        assert_eq!(reached(&t, "$SYS/b/c"), Vec::<u64>::new(), "no leading wildcard for $ topics");
+    }
+
+    #[test]
+    fn a_group_and_a_normal_subscription_to_one_filter_are_kept_apart_and_removal_prunes() {
+        let mut t = Trie::default();
+        assert!(t.insert("x/y", None, entry(1), false));
+        assert!(t.insert("x/y", Some("g"), entry(1), false), "a group member is another subscription");
+        assert!(!t.insert("x/y", Some("g"), entry(1), false), "the same member again replaces");
+        assert!(t.insert("x/y", Some("g"), entry(2), true));
+        assert_eq!(t.len(), 3);
+        assert_eq!(reached(&t, "x/y"), [1, 1, 2]);
+        assert!(t.get_mut("x/y", Some("g"), 2).is_some());
+        assert!(t.get_mut("x/y", Some("h"), 2).is_none());
+        assert_eq!(t.remove("x/y", Some("g"), 1).map(|e| e.to.id()), Some(1));
+        assert!(t.remove("x/y", Some("g"), 1).is_none());
+        assert!(t.remove("x/y", None, 1).is_some());
+        assert!(t.remove("x/y", Some("g"), 2).is_some());
+        assert!(t.is_empty());
+        assert!(t.root.is_empty(), "every emptied branch was pruned");
+    }
+}
