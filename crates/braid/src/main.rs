@@ -97,14 +97,22 @@ fn serve(args: ServeArgs) -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = config.runtime.workers(cores);
-    let runtime =
-        match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("braid: cannot start the runtime: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
+    // Without the LIFO slot, a worker runs tasks in the order they were woken: of two clients
+    // whose packets one wake-up of the I/O driver found, the one whose bytes arrived first is
+    // served first (with the slot, the task woken last ran first: a PUBLISH sent 0.1 ms after
+    // another client's SUBSCRIBE to its topic was routed before it, and lost).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .disable_lifo_slot()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("braid: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     tracing::info!(workers, cores, "worker threads (runtime.worker_threads)");
     runtime.block_on(async move {
         let server = match Server::bind(config).await {
