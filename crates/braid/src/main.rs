@@ -101,12 +101,17 @@ fn serve(args: ServeArgs) -> ExitCode {
     // whose packets one wake-up of the I/O driver found, the one whose bytes arrived first is
     // served first (with the slot, the task woken last ran first: a PUBLISH sent 0.1 ms after
     // another client's SUBSCRIBE to its topic was routed before it, and lost).
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .disable_lifo_slot()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(workers).enable_all();
+    // `tokio_unstable` comes from .cargo/config.toml; a build whose RUSTFLAGS replace it keeps
+    // the slot (and says so at start).
+    #[cfg(tokio_unstable)]
+    builder.disable_lifo_slot();
+    #[cfg(not(tokio_unstable))]
+    eprintln!(
+        "braid: built without --cfg tokio_unstable: packets that arrive together may be served out of order"
+    );
+    let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("braid: cannot start the runtime: {e}");
