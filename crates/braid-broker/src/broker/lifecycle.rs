@@ -33,8 +33,6 @@ impl Broker {
         session.release_publishers(Release::All);
         self.metrics.client_disconnected();
         self.schedule_end(session, generation, will_delay, expiry, now, 0);
-        // A will without delay goes out now, not at the runtime's next look at the timers.
-        self.handle_timeout(now);
         // A CONNECT waiting to take the session over goes on, and finds it ended or offline.
         if let Some(ctl) = ctl {
             ctl.hand_over();
@@ -42,10 +40,10 @@ impl Broker {
         self.handovers.notify_waiters();
     }
 
-    /// Sets timers, at `now`, for `session`, offline for `offline_for` seconds already: its
-    /// will `will_delay` seconds after it went offline (if it has one) and its end `expiry`
-    /// seconds after; both do nothing if connection `generation` is no longer the session's
-    /// latest by then. An expiry of 0 ends the session here.
+    /// At `now`, for `session`, offline for `offline_for` seconds already: sends its will
+    /// `will_delay` seconds after it went offline (if it has one; here if that is already past)
+    /// and ends it `expiry` seconds after (here if 0), through timers that do nothing if
+    /// connection `generation` is no longer the session's latest by then.
     pub(super) fn schedule_end(
         &self,
         session: &Arc<Session>,
@@ -56,8 +54,10 @@ impl Broker {
         offline_for: u32,
     ) {
         let after = |secs: u32| now + Duration::from_secs(u64::from(secs.saturating_sub(offline_for)));
-        if let Some(delay) = will_delay {
-            self.set_timer(after(delay), Timer::Will { session: session.clone(), generation });
+        match will_delay {
+            Some(delay) if delay <= offline_for => self.send_delayed_will(session, generation, now),
+            Some(delay) => self.set_timer(after(delay), Timer::Will { session: session.clone(), generation }),
+            None => {}
         }
         match expiry {
             0 => self.end_session(session),
@@ -116,11 +116,6 @@ impl Broker {
         if let Some(will) = will {
             self.publish_will(session, *will, now);
         }
-    }
-
-    /// Timers set and not yet fired.
-    pub fn timers_pending(&self) -> usize {
-        self.timers.lock().len()
     }
 
     /// Removes the session from the registry (if it is still the registered one) and its

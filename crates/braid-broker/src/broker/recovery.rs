@@ -76,6 +76,5 @@ impl Broker {
             let offline_for = u32::try_from(offline_for).unwrap_or(u32::MAX);
             self.schedule_end(&session, 0, will_delay, rec.expiry_secs, now, offline_for);
         }
-        self.handle_timeout(now);
     }
 }

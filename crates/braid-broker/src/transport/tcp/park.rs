@@ -149,9 +149,10 @@ impl ParkingLot {
                 ctl.clear_parked(key);
                 return Err((slab.remove(key).accepted, e));
             }
-        }
-        if let Some(broker) = self.broker.upgrade() {
-            Metrics::add(&broker.metrics.clients_parked, 1);
+            // Counted under the slab's lock, which an unpark takes before it counts down.
+            if let Some(broker) = self.broker.upgrade() {
+                Metrics::add(&broker.metrics.clients_parked, 1);
+            }
         }
         // A wake that came while parking unparks it at once.
         ctl.unpark_if_woken();
