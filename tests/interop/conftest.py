@@ -93,6 +93,8 @@ def toml_value(v):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     return '"' + str(v) + '"'
 
 
@@ -192,3 +194,92 @@ def raw_client():
     yield make
     for r in made:
         r.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Clustering on Redis: a redis-server per test, and Braid nodes sharing one (tests/interop/redisproc.py).
+# --------------------------------------------------------------------------------------------------
+
+def _skip_unless_braid():
+    if TARGET == "mosquitto":
+        pytest.skip("clustering on Redis is Braid's: skipped when BRAID_TEST_BROKER=mosquitto")
+
+
+class ClusterNode(Broker):
+    """A Braid cluster node (a Broker): `node` is its cluster.node name. A start that fails says
+    why, with the end of the node's log, and leaves no process behind."""
+
+    def __init__(self, node, settings, data_dir=None):
+        self.node = node
+        super().__init__(settings, data_dir)
+
+    def start(self):
+        try:
+            super().start()
+        except RuntimeError as e:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            raise RuntimeError(f"cluster node {self.node}: {e}\n---- {self.log.name} ----\n"
+                               f"{self.log_text()[-3000:]}") from None
+
+
+class BraidCluster(list):
+    """The nodes braid_cluster() started (ClusterNode objects, n1 first); `redis` is the
+    RedisServer or RedisCluster they share."""
+
+    def __init__(self, nodes, redis):
+        super().__init__(nodes)
+        self.redis = redis
+
+
+@pytest.fixture
+def redis():
+    """A RedisServer (appendonly, no auth) on a free loopback port, stopped after the test."""
+    _skip_unless_braid()
+    from redisproc import RedisServer
+    r = RedisServer()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def braid_cluster():
+    """Factory: braid_cluster(n=3, redis=None, settings=None, first=1) -> BraidCluster, a list of
+    n running Braid nodes n<first>..., each with its own data directory, all on one Redis:
+      redis    a RedisServer or RedisCluster (url / urls), a URL string or a list of seed URLs;
+               None starts a RedisServer of its own (reach it as the result's .redis);
+      settings more --set keys for every node, over the cluster defaults (cluster.lease_ms 3000);
+      first    number of the first node, to add nodes to a running cluster:
+               braid_cluster(1, redis=nodes.redis, first=4) starts n4.
+    Every node and Redis started through it is stopped after the test (nodes first)."""
+    _skip_unless_braid()
+    from redisproc import RedisServer
+    nodes, servers = [], []
+
+    def make(n=3, redis=None, settings=None, first=1):
+        if redis is None:
+            redis = RedisServer()
+            servers.append(redis)
+        if isinstance(redis, (str, list, tuple)):
+            url = redis
+        else:
+            url = redis.urls if hasattr(redis, "urls") else redis.url
+        made = []
+        for i in range(first, first + n):
+            node = f"n{i}"
+            braid = {"cluster.enabled": True, "cluster.node": node, "cluster.redis": url,
+                     "cluster.lease_ms": 3000, **(settings or {})}
+            made.append(ClusterNode(node, {"braid": braid}))
+            nodes.append(made[-1])
+        return BraidCluster(made, redis)
+
+    yield make
+    # SIGTERM to all nodes at once, then wait for each; Redis last, so nodes can still use it.
+    for b in nodes:
+        if b.proc.poll() is None:
+            b.proc.terminate()
+    for b in nodes:
+        b.stop()
+    for r in servers:
+        r.stop()

@@ -41,6 +41,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The threads that run connections.
     pub runtime: RuntimeConfig,
+    /// Many nodes as one broker, on Redis (see `docs/cluster.md`).
+    pub cluster: ClusterConfig,
 }
 
 /// Network listeners.
@@ -559,6 +561,75 @@ impl Default for StoreConfig {
     }
 }
 
+/// What a node cut off from Redis for longer than its lease does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionPolicy {
+    /// Closes its connections with 0x9C (Use another server) and refuses new ones until Redis
+    /// is back: no split brain.
+    Refuse,
+    /// Keeps serving its own clients (availability over consistency): two nodes may then
+    /// both serve one client id, and cross-node traffic waits.
+    Serve,
+}
+
+/// Cluster settings (see `docs/cluster.md`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Run as a node of a cluster. Off: a single broker, no Redis needed.
+    pub enabled: bool,
+    /// This node's name, unique in the cluster.
+    pub node: String,
+    /// Redis URL(s): one `redis://` or `rediss://` URL, or the seed URLs of a Redis Cluster.
+    #[serde(deserialize_with = "one_or_many")]
+    pub redis: Vec<String>,
+    /// Prefix of every Redis key the cluster uses (several clusters can share a Redis).
+    pub key_prefix: String,
+    /// A node's lease in Redis, in milliseconds: a node not heard from for this long is dead,
+    /// and its clients' sessions may be taken over.
+    pub lease_ms: u64,
+    /// What a node cut off from Redis for longer than its lease does.
+    pub on_partition: PartitionPolicy,
+    /// How long a takeover waits for the node that held the session to hand it over, in
+    /// milliseconds, before it takes the session as Redis has it.
+    pub takeover_timeout_ms: u64,
+    /// Most messages sent to another node in one Redis round trip.
+    pub batch: usize,
+    /// CA certificate (PEM) for `rediss://` URLs; empty: the system's roots.
+    pub ca_file: String,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            enabled: false,
+            node: String::new(),
+            redis: vec!["redis://127.0.0.1:6379".into()],
+            key_prefix: "braid".into(),
+            lease_ms: 10_000,
+            on_partition: PartitionPolicy::Refuse,
+            takeover_timeout_ms: 3_000,
+            batch: 512,
+            ca_file: String::new(),
+        }
+    }
+}
+
+/// Accepts one string or a list of strings.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
 /// A configuration that could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -639,7 +710,7 @@ impl ConfigError {
     }
 }
 
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "listeners",
     "mqtt",
     "session",
@@ -653,6 +724,7 @@ const SECTIONS: [&str; 13] = [
     "tls",
     "store",
     "runtime",
+    "cluster",
 ];
 
 impl Config {
@@ -788,6 +860,43 @@ impl Config {
         }
         if self.store.data_dir.as_os_str().is_empty() {
             return bad("store.data_dir", "must not be empty");
+        }
+        self.cluster.validate()
+    }
+}
+
+impl ClusterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, problem: &str| Err(ConfigError::invalid(key, problem));
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.node.is_empty() {
+            return bad("cluster.node", "required when cluster.enabled: a name unique in the cluster");
+        }
+        let name_ok = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if self.node.len() > 64 || !name_ok(&self.node) {
+            return bad("cluster.node", "at most 64 letters, digits, '-', '_' or '.'");
+        }
+        if self.key_prefix.is_empty() || !name_ok(&self.key_prefix) {
+            return bad("cluster.key_prefix", "must be letters, digits, '-', '_' or '.'");
+        }
+        if self.redis.is_empty() {
+            return bad("cluster.redis", "required when cluster.enabled: a redis:// or rediss:// URL");
+        }
+        if let Some(url) =
+            self.redis.iter().find(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
+        {
+            return bad("cluster.redis", &format!("{url:?} is not a redis:// or rediss:// URL"));
+        }
+        if self.lease_ms < 1000 {
+            return bad("cluster.lease_ms", "must be at least 1000");
+        }
+        if self.takeover_timeout_ms == 0 {
+            return bad("cluster.takeover_timeout_ms", "must be at least 1");
+        }
+        if self.batch == 0 {
+            return bad("cluster.batch", "must be at least 1");
         }
         Ok(())
     }

@@ -142,8 +142,10 @@ impl<'b> Harness<'b> {
         self.pump();
     }
 
-    /// Takes the packets the broker sent `client` so far.
+    /// Takes the packets the broker sent `client` so far (including what calls made on the
+    /// broker directly, not through a client, have made ready).
     pub fn received(&mut self, client: ClientKey) -> Vec<Packet> {
+        self.pump();
         self.clients[client.0].inbox.drain(..).collect()
     }
 

@@ -11,6 +11,7 @@ pub mod broker;
 pub mod config;
 pub mod connection;
 pub mod control;
+pub mod directory;
 pub mod harness;
 pub mod limits;
 pub mod message;

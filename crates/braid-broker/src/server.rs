@@ -15,6 +15,7 @@ use braid_proto::ReasonCode;
 use crate::auth::Security;
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::store::Store;
 use crate::sys;
 use crate::transport::admission::Admission;
 use crate::transport::listener::{self, Listeners};
@@ -68,9 +69,20 @@ impl Server {
     /// and the file (for the former, its inner error is the [`crate::config::ConfigError`]).
     pub async fn bind(config: Config) -> io::Result<Server> {
         Security::check(&config).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let addr = config.listeners.tcp;
         let broker =
             Broker::open(config).map_err(|e| io::Error::other(format!("store: {e}; refusing to start")))?;
+        Server::listen(broker).await
+    }
+
+    /// As [`Server::bind`], on `store` instead of the one `store.backend` names (a cluster
+    /// node's).
+    pub async fn bind_on(config: Config, store: Arc<dyn Store>) -> io::Result<Server> {
+        Security::check(&config).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Server::listen(Broker::open_on(config, store)).await
+    }
+
+    async fn listen(broker: Arc<Broker>) -> io::Result<Server> {
+        let addr = broker.config.listeners.tcp;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
@@ -138,7 +150,12 @@ impl Server {
         handshake_thread::run(self.tcp, self.broker.clone(), connections.clone(), admission, lot.clone())
             .await;
         info!(connections = connections.len(), "shutting down");
-        self.broker.close_all(ReasonCode::ServerShuttingDown);
+        // A cluster node's clients may go on at another node.
+        let reason = match self.broker.config.cluster.enabled {
+            true => ReasonCode::UseAnotherServer,
+            false => ReasonCode::ServerShuttingDown,
+        };
+        self.broker.close_all(reason);
         // Every connection sends its DISCONNECT and closes, each within a bounded time.
         connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(3), connections.wait()).await;

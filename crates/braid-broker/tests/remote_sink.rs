@@ -1,7 +1,8 @@
-//! The route-target seam: a subscriber that is not a session of this broker (what a cluster
-//! node or a bridge will be) is subscribed with `Broker::subscribe_remote` and handed its
-//! deliveries through `RemoteSink`. Here a recording test double stands behind it, driven on
-//! the virtual clock.
+//! The route-target seam: a subscriber that is not a session of this broker (a cluster node,
+//! a bridge) is subscribed with `Broker::subscribe_remote` and handed each matching message
+//! once through `RemoteSink`; a message another node forwards is routed here within the scope
+//! it was sent for; the filters local sessions subscribe to are reported as they change. Here
+//! a recording test double stands behind the sink, driven on the virtual clock.
 
 mod common;
 
@@ -10,9 +11,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use braid_broker::harness::{ClientKey, Harness};
-use braid_broker::message::Delivery;
+use braid_broker::message::Message;
 use braid_broker::metrics::Metrics;
-use braid_broker::router::RemoteSink;
+use braid_broker::router::{FilterChange, Forward, RemoteSink, Scope};
 use braid_broker::session::Enqueued;
 use braid_broker::Broker;
 use common::*;
@@ -20,17 +21,17 @@ use common::*;
 /// Records what it is handed; while `full`, refuses (and says it cannot accept).
 #[derive(Debug, Default)]
 struct Recorder {
-    got: Mutex<Vec<(String, QoS, bool)>>,
+    got: Mutex<Vec<(String, QoS, Scope)>>,
     full: AtomicBool,
 }
 
 impl RemoteSink for Recorder {
-    fn deliver(&self, d: Delivery, _now: Instant) -> Enqueued {
+    fn deliver(&self, fwd: Forward, _now: Instant) -> (Enqueued, u64) {
         if self.full.load(Ordering::Relaxed) {
-            return Enqueued::DroppedFull;
+            return (Enqueued::DroppedFull, 0);
         }
-        self.got.lock().unwrap().push((d.msg.topic.to_string(), d.qos, d.retain));
-        Enqueued::Queued
+        self.got.lock().unwrap().push((fwd.msg.topic.to_string(), fwd.msg.qos, fwd.scope));
+        (Enqueued::Queued, 0)
     }
 
     fn can_accept(&self) -> bool {
@@ -39,7 +40,7 @@ impl RemoteSink for Recorder {
 }
 
 impl Recorder {
-    fn take(&self) -> Vec<(String, QoS, bool)> {
+    fn take(&self) -> Vec<(String, QoS, Scope)> {
         std::mem::take(&mut *self.got.lock().unwrap())
     }
 }
@@ -60,6 +61,7 @@ fn a_remote_subscriber_gets_what_matches_beside_local_ones_until_it_unsubscribes
     let remote = b.remote_sink(recorder.clone());
     assert_eq!(b.subscribe_remote(&remote, "sensors/+", options(QoS::AtMostOnce)), Ok(true));
     assert_eq!(b.subscribe_remote(&remote, "sensors/+", options(QoS::AtLeastOnce)), Ok(false), "replaced");
+    assert_eq!(b.subscribe_remote(&remote, "sensors/#", options(QoS::AtLeastOnce)), Ok(true));
     let local = h.connect(connect_packet("local", true)).0;
     h.send(local, Packet::Subscribe(subscribe("sensors/#", QoS::AtLeastOnce)));
     h.received(local);
@@ -67,16 +69,18 @@ fn a_remote_subscriber_gets_what_matches_beside_local_ones_until_it_unsubscribes
 
     publish_from(&mut h, p, "sensors/1", QoS::ExactlyOnce, 1);
     publish_from(&mut h, p, "other/1", QoS::AtLeastOnce, 2);
+    let plain = Scope { plain: true, groups: vec![] };
     assert_eq!(
         recorder.take(),
-        [("sensors/1".to_string(), QoS::AtLeastOnce, false)],
-        "at the subscription's QoS"
+        [("sensors/1".to_string(), QoS::ExactlyOnce, plain)],
+        "once for its two matching filters, at the published QoS (the receiver applies its own)"
     );
     let local_got = h.received(local).iter().filter(|p| matches!(p, Packet::Publish(_))).count();
     assert_eq!(local_got, 1, "the local subscriber gets its copy too");
 
     assert!(b.unsubscribe_remote(&remote, "sensors/+"));
     assert!(!b.unsubscribe_remote(&remote, "sensors/+"));
+    assert!(b.unsubscribe_remote(&remote, "sensors/#"));
     publish_from(&mut h, p, "sensors/2", QoS::AtLeastOnce, 3);
     assert!(recorder.take().is_empty());
     assert_eq!(
@@ -113,7 +117,9 @@ fn a_remote_member_of_a_shared_group_takes_turns_and_is_passed_over_while_full()
         }
         publishes.len()
     };
-    assert_eq!((recorder.take().len(), to_local(&mut h)), (2, 2), "round robin across local and remote");
+    let got = recorder.take();
+    assert_eq!((got.len(), to_local(&mut h)), (2, 2), "round robin across local and remote");
+    assert_eq!(got[0].2, Scope { plain: false, groups: vec!["g".into()] }, "for its group only");
 
     recorder.full.store(true, Ordering::Relaxed);
     let dropped = Metrics::get(&b.metrics.messages_dropped);
@@ -127,4 +133,68 @@ fn a_remote_member_of_a_shared_group_takes_turns_and_is_passed_over_while_full()
     b.subscribe_remote(&remote, "jobs", options(QoS::AtLeastOnce)).unwrap();
     publish_from(&mut h, p, "jobs", QoS::AtLeastOnce, 9);
     assert_eq!(Metrics::get(&b.metrics.messages_dropped), dropped + 1);
+}
+
+#[test]
+fn a_forwarded_message_reaches_local_sessions_within_its_scope_only() {
+    let b = Broker::new(Config::embedded());
+    let mut h = Harness::new(&b);
+    // A remote member of the group: a forwarded message must never go back out to it.
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let remote = b.remote_sink(recorder.clone());
+    b.subscribe_remote(&remote, "$share/g/jobs", options(QoS::AtLeastOnce)).unwrap();
+    let plain = h.connect(connect_packet("plain", true)).0;
+    h.send(plain, Packet::Subscribe(subscribe("jobs", QoS::AtLeastOnce)));
+    let workers: Vec<ClientKey> =
+        ["w1", "w2"].iter().map(|id| h.connect(connect_packet(id, true)).0).collect();
+    for &w in &workers {
+        h.send(w, Packet::Subscribe(subscribe("$share/g/jobs", QoS::AtLeastOnce)));
+    }
+    for k in workers.iter().chain([&plain]) {
+        h.received(*k);
+    }
+    let count = |h: &mut Harness<'_>, k: ClientKey| {
+        h.received(k).iter().filter(|p| matches!(p, Packet::Publish(_))).count()
+    };
+    let msg = || Message::internal("jobs".into(), "x".into(), false);
+
+    let group_only = Scope { plain: false, groups: vec!["g".into()] };
+    for _ in 0..4 {
+        b.publish_forwarded(msg(), &group_only, h.now());
+    }
+    assert_eq!(count(&mut h, plain), 0, "not for the normal subscription");
+    let to_workers: Vec<usize> = workers.iter().map(|&w| count(&mut h, w)).collect();
+    assert_eq!(to_workers, [2, 2], "one local member each time, taking turns");
+    assert!(recorder.take().is_empty(), "never back to another node");
+
+    b.publish_forwarded(msg(), &Scope { plain: true, groups: vec![] }, h.now());
+    assert_eq!(count(&mut h, plain), 1);
+    assert_eq!(workers.iter().map(|&w| count(&mut h, w)).sum::<usize>(), 0, "not for the group");
+}
+
+#[test]
+fn the_filters_local_sessions_subscribe_to_are_reported_as_they_come_and_go() {
+    let b = Broker::new(Config::embedded());
+    let mut h = Harness::new(&b);
+    let a = h.connect(connect_packet("a", true)).0;
+    h.send(a, Packet::Subscribe(subscribe("x/#", QoS::AtMostOnce)));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    b.watch_filters(tx);
+    let mut changes = || std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>();
+    assert_eq!(changes(), [FilterChange::Added("x/#".into())], "what is there when watching starts");
+
+    let c = h.connect(connect_packet("c", true)).0;
+    h.send(c, Packet::Subscribe(subscribe("x/#", QoS::AtLeastOnce)));
+    h.send(c, Packet::Subscribe(subscribe("$share/g/y", QoS::AtMostOnce)));
+    assert_eq!(changes(), [FilterChange::Added("$share/g/y".into())], "a second subscriber adds nothing");
+    let remote = b.remote_sink(std::sync::Arc::new(Recorder::default()));
+    b.subscribe_remote(&remote, "z", options(QoS::AtMostOnce)).unwrap();
+    assert_eq!(changes(), [], "remote subscribers are not local filters");
+
+    h.drop_connection(a);
+    assert_eq!(changes(), [], "c still subscribes to x/#");
+    h.drop_connection(c);
+    let mut gone = changes();
+    gone.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(gone, [FilterChange::Removed("$share/g/y".into()), FilterChange::Removed("x/#".into())]);
 }

@@ -120,7 +120,21 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     tracing::info!(workers, cores, "worker threads (runtime.worker_threads)");
     runtime.block_on(async move {
-        let server = match Server::bind(config).await {
+        let node = match config.cluster.enabled {
+            false => None,
+            true => match braid_cluster::Node::connect(&config.cluster).await {
+                Ok(node) => Some(node),
+                Err(e) => {
+                    eprintln!("braid: cannot join the cluster: {e}; refusing to start");
+                    return ExitCode::from(2);
+                }
+            },
+        };
+        let bound = match &node {
+            Some(node) => Server::bind_on(config, node.store()).await,
+            None => Server::bind(config).await,
+        };
+        let server = match bound {
             Ok(s) => s,
             // Unusable TLS files are a configuration error; a listener that cannot open is not.
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
@@ -132,6 +146,16 @@ fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let member = match node {
+            Some(node) => match node.start(server.broker()).await {
+                Ok(member) => Some(member),
+                Err(e) => {
+                    eprintln!("braid: cannot join the cluster: {e}; refusing to start");
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => None,
+        };
         let broker = server.broker().clone();
         tokio::spawn(async move { reload_on_sighup(broker).await });
         let shutdown = server.broker().shutdown.clone();
@@ -140,6 +164,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             shutdown.cancel();
         });
         server.run().await;
+        if let Some(member) = member {
+            member.leave().await;
+        }
         ExitCode::SUCCESS
     })
 }

@@ -21,7 +21,7 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -34,6 +34,7 @@ use braid_proto::ConnAck;
 use crate::auth::Security;
 use crate::config::{Config, QueuePolicy};
 use crate::control::ConnControl;
+use crate::directory::Directory;
 use crate::limits::MemoryAlarm;
 use crate::metrics::Metrics;
 use crate::retained::Retained;
@@ -85,6 +86,8 @@ pub struct Broker {
     /// Seconds since the Unix epoch at `started`: converts `now` to the wall-clock times the
     /// store keeps.
     started_unix: u64,
+    /// The cluster-wide session directory, when this broker is a node of a cluster.
+    directory: OnceLock<Arc<dyn Directory>>,
 }
 
 /// A session holding a publisher back.
@@ -147,9 +150,14 @@ impl Broker {
     /// retained messages reloaded (their wills and expiries set as timers).
     pub fn open(config: Config) -> Result<Arc<Broker>, StoreError> {
         let store = store::open(&config.store)?;
+        Ok(Broker::open_on(config, store))
+    }
+
+    /// A broker on `store` with what it kept reloaded, as [`Broker::open`] does.
+    pub fn open_on(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
         let broker = Broker::with_store(config, store);
         broker.recover(broker.started);
-        Ok(broker)
+        broker
     }
 
     /// A broker on `store`. The one clock reading of the core: the start, from which `now`
@@ -183,9 +191,20 @@ impl Broker {
             timers: Mutex::new(Timers::default()),
             timers_changed: Notify::new(),
             store,
+            directory: OnceLock::new(),
         });
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker
+    }
+
+    /// Makes CONNECTs claim their client id in `directory` first (a cluster node); once.
+    pub fn set_directory(&self, directory: Arc<dyn Directory>) {
+        let _ = self.directory.set(directory);
+    }
+
+    /// The cluster-wide session directory, if this broker is a node of a cluster.
+    pub fn directory(&self) -> Option<&Arc<dyn Directory>> {
+        self.directory.get()
     }
 
     /// Milliseconds from the start to `now`: the clock of connection activity.

@@ -15,7 +15,7 @@ use crate::auth::ConnectionAcl;
 use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
-use crate::router::{RemoteRef, RemoteSink, SubEntry, Subscriber};
+use crate::router::{FilterChange, Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber, Target};
 use crate::session::{Enqueued, Session};
 use crate::store::{Op, SubscriptionRecord, Ticket};
 
@@ -130,7 +130,8 @@ impl Broker {
     }
 
     /// Stores (if retained) and routes a message, published at `now`, to every matching
-    /// subscription; says what the publisher's acknowledgement must wait for.
+    /// subscription; says what the publisher's acknowledgement must wait for. A remote
+    /// subscriber gets the message once, however many of its subscriptions match.
     pub fn publish(&self, msg: Arc<Message>, now: Instant) -> Published {
         let mut out = Published::default();
         if msg.retain {
@@ -143,15 +144,52 @@ impl Broker {
         let router = self.router.read();
         let mut targets = Vec::new();
         router.route(&msg, &mut targets);
-        for e in targets {
-            let session = match e.to {
-                Subscriber::Session(session) => session,
-                Subscriber::Remote(remote) => {
-                    self.count_drop(remote.sink.deliver(e.delivery(&msg), now));
-                    continue;
+        let mut remotes: Vec<(&RemoteRef, Scope)> = Vec::new();
+        for e in &targets {
+            let Subscriber::Remote(remote) = e.to else { continue };
+            let i = match remotes.iter().position(|(r, _)| r.id == remote.id) {
+                Some(i) => i,
+                None => {
+                    remotes.push((remote, Scope::default()));
+                    remotes.len() - 1
                 }
             };
-            let (r, ticket) = self.deliver(session, e.delivery(&msg), now);
+            match e.group {
+                None => remotes[i].1.plain = true,
+                Some(g) => remotes[i].1.groups.push(g.into()),
+            }
+        }
+        for (remote, scope) in remotes {
+            let (r, ticket) = remote.sink.deliver(Forward { msg: msg.clone(), scope }, now);
+            self.count_drop(r);
+            out.ticket = out.ticket.max(ticket);
+        }
+        self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        out
+    }
+
+    /// Routes `msg`, forwarded at `now` by another node, to this broker's sessions within
+    /// `scope` (see [`crate::router::Router::route_forwarded`]); says what its
+    /// acknowledgement to that node must wait for.
+    pub fn publish_forwarded(&self, msg: Arc<Message>, scope: &Scope, now: Instant) -> Published {
+        let mut out = Published::default();
+        let router = self.router.read();
+        let mut targets = Vec::new();
+        router.route_forwarded(&msg, scope, &mut targets);
+        self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        out
+    }
+
+    /// Sets or clears (empty payload) a retained message another node stored: in the index
+    /// only, nothing routed or written.
+    pub fn apply_retained(&self, msg: Arc<Message>) {
+        self.retained.write().set(msg);
+    }
+
+    fn deliver_to_sessions(&self, msg: &Arc<Message>, targets: &[Target], out: &mut Published, now: Instant) {
+        for e in targets {
+            let Subscriber::Session(session) = e.to else { continue };
+            let (r, ticket) = self.deliver(session, e.delivery(msg), now);
             out.ticket = out.ticket.max(ticket);
             let paced_until = match r {
                 Enqueued::QueuedOverLimit => None,
@@ -163,7 +201,6 @@ impl Broker {
                 out.held.push(Holder { session: session.clone(), paced_until });
             }
         }
-        out
     }
 
     fn deliver(&self, session: &Session, d: Delivery, now: Instant) -> (Enqueued, Ticket) {
@@ -204,6 +241,12 @@ impl Broker {
             stream: StreamTag::default(),
         };
         Ok(self.router.write().subscribe(inner, group, entry))
+    }
+
+    /// From now on, sends `to` each filter that gains its first or loses its last subscription
+    /// by a session of this broker; first an `Added` for each filter subscribed now.
+    pub fn watch_filters(&self, to: tokio::sync::mpsc::UnboundedSender<FilterChange>) {
+        self.router.write().watch(to);
     }
 
     /// Removes `remote`'s subscription to `filter`; true if it existed.

@@ -11,6 +11,7 @@ use super::{split_filter, Broker, ById};
 use crate::message::StreamTag;
 use crate::router::{SubEntry, Subscriber};
 use crate::session::{OnDisk, Persist, Queue, Session};
+use crate::store::RecoveredSession;
 
 impl Broker {
     /// Loads what the store kept: retained messages, sessions (offline, their deliveries on
@@ -25,56 +26,71 @@ impl Broker {
                 retained.set(msg);
             }
         }
-        let limits = &self.queue_limits;
         let unix_now = self.unix_secs(now);
         for r in found.sessions {
-            let rec = r.record;
-            let session = Arc::new(Session::new(rec.id, rec.client_id.clone(), limits.clone()));
-            if rec.expiry_secs == 0 {
-                // Ended with its last connection, just before the broker stopped.
-                let mut st = session.lock();
-                st.persist = Some(Box::new(Persist::new(self.store.clone(), rec.id, rec.client_id, 1)));
-                st.forget();
-                continue;
-            }
-            let offline_for = unix_now.saturating_sub(rec.offline_since.unwrap_or(unix_now));
-            let will_delay = {
-                let mut st = session.lock();
-                st.expiry_secs = rec.expiry_secs;
-                st.will = rec.will.map(Box::new);
-                st.incoming_qos2 = r.incoming_qos2.into_iter().collect();
-                let mut p = Persist::new(self.store.clone(), rec.id, rec.client_id.clone(), r.next_seq);
-                let items =
-                    r.queued.into_iter().map(|(seq, size)| OnDisk { seq, size, qos: QoS::AtLeastOnce });
-                let mut disk = Queue::new(limits.clone());
-                for item in items {
-                    disk.push_back(item);
-                }
-                p.offline = Some(disk);
-                st.persist = Some(Box::new(p));
-                st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
-            };
-            let mut router = self.router.write();
-            for (filter, sub) in rec.subscriptions {
-                if let Some((inner, group)) = split_filter(&filter) {
-                    let entry = SubEntry {
-                        to: Subscriber::Session(session.clone()),
-                        options: sub.options,
-                        sub_id: sub.sub_id,
-                        merge_overlaps: false,
-                        overlaps: 0,
-                        stream: StreamTag::default(),
-                    };
-                    router.restore(inner, group, entry);
-                }
-                session.lock().subscriptions.insert(filter, sub);
-            }
-            drop(router);
-            self.sessions.lock().replace(ById(session.clone()));
-            // A will still pending (its connection was lost with the broker, or its delay was
-            // running) is sent as if the connection had ended now.
-            let offline_for = u32::try_from(offline_for).unwrap_or(u32::MAX);
-            self.schedule_end(&session, 0, will_delay, rec.expiry_secs, now, offline_for);
+            self.restore_session(r, unix_now, now);
         }
+    }
+
+    /// Takes in `session`, handed over by another node of a cluster (its record's `id` is
+    /// replaced by one of this broker's), as an offline persistent session whose deliveries
+    /// the store keeps; its subscriptions route to it from now on. Returns its id here.
+    pub fn adopt(&self, mut session: RecoveredSession, now: Instant) -> u64 {
+        let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+        session.record.id = id;
+        self.restore_session(session, self.unix_secs(now), now);
+        id
+    }
+
+    /// Puts a session the store kept into the registry and its subscriptions into the router;
+    /// sets its will and expiry as timers (`unix_now` is `now` as the store counts time).
+    fn restore_session(&self, r: RecoveredSession, unix_now: u64, now: Instant) {
+        let limits = &self.queue_limits;
+        let rec = r.record;
+        let session = Arc::new(Session::new(rec.id, rec.client_id.clone(), limits.clone()));
+        if rec.expiry_secs == 0 {
+            // Ended with its last connection, just before the broker stopped.
+            let mut st = session.lock();
+            st.persist = Some(Box::new(Persist::new(self.store.clone(), rec.id, rec.client_id, 1)));
+            st.forget();
+            return;
+        }
+        let offline_for = unix_now.saturating_sub(rec.offline_since.unwrap_or(unix_now));
+        let will_delay = {
+            let mut st = session.lock();
+            st.expiry_secs = rec.expiry_secs;
+            st.will = rec.will.map(Box::new);
+            st.incoming_qos2 = r.incoming_qos2.into_iter().collect();
+            let mut p = Persist::new(self.store.clone(), rec.id, rec.client_id.clone(), r.next_seq);
+            let items = r.queued.into_iter().map(|(seq, size)| OnDisk { seq, size, qos: QoS::AtLeastOnce });
+            let mut disk = Queue::new(limits.clone());
+            for item in items {
+                disk.push_back(item);
+            }
+            p.offline = Some(disk);
+            st.persist = Some(Box::new(p));
+            st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
+        };
+        let mut router = self.router.write();
+        for (filter, sub) in rec.subscriptions {
+            if let Some((inner, group)) = split_filter(&filter) {
+                let entry = SubEntry {
+                    to: Subscriber::Session(session.clone()),
+                    options: sub.options,
+                    sub_id: sub.sub_id,
+                    merge_overlaps: false,
+                    overlaps: 0,
+                    stream: StreamTag::default(),
+                };
+                router.restore(inner, group, entry);
+            }
+            session.lock().subscriptions.insert(filter, sub);
+        }
+        drop(router);
+        self.sessions.lock().replace(ById(session.clone()));
+        // A will still pending (its connection was lost with the broker, or its delay was
+        // running) is sent as if the connection had ended now.
+        let offline_for = u32::try_from(offline_for).unwrap_or(u32::MAX);
+        self.schedule_end(&session, 0, will_delay, rec.expiry_secs, now, offline_for);
     }
 }

@@ -10,6 +10,7 @@ use braid_proto::{ByteString, ConnAck, Connect, Properties, ProtocolVersion, Rea
 use super::{Accepted, Broker, ById, Connected};
 use crate::control::ConnControl;
 use crate::session::{Link, Persist, Release, Session};
+use crate::store::Ticket;
 use crate::transport::Transport;
 
 impl Broker {
@@ -135,6 +136,11 @@ impl Broker {
         Ok((Accepted { session, generation, ctl }, connack, restore))
     }
 
+    /// True if this broker holds a session of `client_id` (connected or not).
+    pub fn has_session(&self, client_id: &str) -> bool {
+        self.sessions.lock().contains(client_id)
+    }
+
     /// The control of the connection attached to `client_id`'s session, if one is.
     pub(crate) fn attached(&self, client_id: &str) -> Option<Arc<ConnControl>> {
         let session = self.sessions.lock().get(client_id)?.0.clone();
@@ -165,6 +171,26 @@ impl Broker {
             old.lock().forget();
         }
         self.handovers.notify_waiters();
+    }
+
+    /// Lets go of `client_id`'s session, which another node of a cluster takes over: its
+    /// connection is closed (0x8E) as in a takeover, and the session leaves the registry and the
+    /// router, what it persisted left in the store for the new holder and nothing more written
+    /// for it. Returns the store ticket of its last change (the handover waits until that is
+    /// durable), or None if this broker has no such session.
+    pub fn release(&self, client_id: &str, now: Instant) -> Option<Ticket> {
+        let session = self.sessions.lock().get(client_id)?.0.clone();
+        let persist = session.lock().persist.take();
+        self.take_over(&session, false, now);
+        {
+            let mut sessions = self.sessions.lock();
+            if sessions.get(client_id).is_some_and(|s| Arc::ptr_eq(&s.0, &session)) {
+                sessions.remove(client_id);
+            }
+        }
+        self.drop_subscriptions(&session);
+        session.lock().forget();
+        Some(persist.map_or(0, |p| p.ticket))
     }
 
     /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was

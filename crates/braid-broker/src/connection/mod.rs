@@ -168,6 +168,11 @@ pub(crate) async fn admit(
             return Err(ReasonCode::NotAuthorized);
         }
     }
+    if let (Some(directory), false) = (broker.directory(), client_id.is_empty()) {
+        directory.claim(client_id, connect.clean_start).await.inspect_err(|reason| {
+            info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
+        })?;
+    }
     // A connection that holds this client's session first handles what it was already sent.
     crate::connection::handover::wait(broker, client_id).await;
     let (accepted, connack, restore) =

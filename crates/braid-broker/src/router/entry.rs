@@ -9,16 +9,37 @@ use std::time::Instant;
 
 use braid_proto::SubscriptionOptions;
 
-use crate::message::{Delivery, StreamTag};
+use crate::message::{Message, StreamTag};
 use crate::session::{Enqueued, Session};
+use crate::store::Ticket;
+
+/// Which of a remote's subscriptions a forwarded message is for: another node delivers it to
+/// its normal subscriptions if `plain`, and to one member of each shared group in `groups`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// A normal (non-shared) subscription matched.
+    pub plain: bool,
+    /// The shared groups that picked this remote.
+    pub groups: Vec<Box<str>>,
+}
+
+/// A message for a remote sink: once per message, however many of its subscriptions match.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    /// The message, at the QoS it was published with.
+    pub msg: Arc<Message>,
+    /// The subscriptions it matched.
+    pub scope: Scope,
+}
 
 /// A subscriber that is not a session of this broker.
 pub trait RemoteSink: Send + Sync + std::fmt::Debug {
-    /// Takes `delivery`, routed at `now`, and says what became of it as a session's queue
-    /// would: queued (taken), or dropped (counted by the broker). Holding the publisher back
-    /// is a session's way only; a remote sink that cannot take more must queue (an outbox)
-    /// or drop.
-    fn deliver(&self, delivery: Delivery, now: Instant) -> Enqueued;
+    /// Takes `fwd`, routed at `now`, and says what became of it as a session's queue would:
+    /// queued (taken), or dropped (counted by the broker). Holding the publisher back is a
+    /// session's way only; a remote sink that cannot take more must queue (an outbox) or drop.
+    /// Also returns the store ticket the publisher's acknowledgement waits for under sync
+    /// durability (0: none), so that nothing is acknowledged before it is durable.
+    fn deliver(&self, fwd: Forward, now: Instant) -> (Enqueued, Ticket);
 
     /// True if it can take a delivery now: a shared group passes a member that cannot over
     /// for one that can.

@@ -6,10 +6,13 @@ mod entry;
 mod shared;
 mod trie;
 
-pub use entry::{RemoteRef, RemoteSink, SubEntry, Subscriber};
+pub use entry::{Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber};
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedSender;
 
 use braid_proto::topic::{intersects, parse_shared};
 
@@ -25,6 +28,8 @@ use trie::Trie;
 pub struct Target<'a> {
     /// The receiver.
     pub to: &'a Subscriber,
+    /// The shared group it was picked from, if any.
+    pub group: Option<&'a str>,
     /// The subscription, or of merged ones the one with the highest QoS.
     entry: &'a SubEntry,
     /// What the merged ones make of the delivery.
@@ -39,8 +44,8 @@ struct Merged {
 }
 
 impl<'a> Target<'a> {
-    fn new(entry: &'a SubEntry) -> Target<'a> {
-        Target { to: &entry.to, entry, merged: None }
+    fn new(entry: &'a SubEntry, group: Option<&'a str>) -> Target<'a> {
+        Target { to: &entry.to, group, entry, merged: None }
     }
 
     /// May be merged with another target of its session.
@@ -76,19 +81,70 @@ impl<'a> Target<'a> {
     }
 }
 
+/// A filter that gained its first or lost its last subscription by a session of this broker
+/// (see [`Router::watch`]): the full filter, `$share/{group}/` included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterChange {
+    /// Its first local subscription.
+    Added(Box<str>),
+    /// Its last local subscription went.
+    Removed(Box<str>),
+}
+
 /// The subscription table.
 #[derive(Debug)]
 pub struct Router {
     trie: Trie,
     strategy: SharedStrategy,
     overlapping: Overlapping,
+    /// Sessions subscribed, by full filter.
+    local: HashMap<Box<str>, usize>,
+    watcher: Option<UnboundedSender<FilterChange>>,
 }
 
 impl Router {
     /// An empty table whose shared groups use `strategy` and whose v5 subscriptions overlap
     /// as `overlapping` says.
     pub fn new(strategy: SharedStrategy, overlapping: Overlapping) -> Router {
-        Router { trie: Trie::default(), strategy, overlapping }
+        Router { trie: Trie::default(), strategy, overlapping, local: HashMap::new(), watcher: None }
+    }
+
+    /// From now on, sends `to` every [`FilterChange`]; first an `Added` for each filter that
+    /// has local subscriptions now.
+    pub fn watch(&mut self, to: UnboundedSender<FilterChange>) {
+        for filter in self.local.keys() {
+            let _ = to.send(FilterChange::Added(filter.clone()));
+        }
+        self.watcher = Some(to);
+    }
+
+    /// Counts a local subscription to `filter` in `group` in (`up`) or out.
+    fn count_local(&mut self, filter: &str, group: Option<&str>, up: bool) {
+        let full: Box<str> = match group {
+            None => filter.into(),
+            Some("$queue") => format!("$queue/{filter}").into(),
+            Some(g) => format!("$share/{g}/{filter}").into(),
+        };
+        let change = if up {
+            let n = self.local.entry(full.clone()).or_default();
+            *n += 1;
+            (*n == 1).then_some(FilterChange::Added(full))
+        } else {
+            match self.local.get_mut(&full) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    None
+                }
+                Some(_) => {
+                    self.local.remove(&full);
+                    Some(FilterChange::Removed(full))
+                }
+                None => None,
+            }
+        };
+        if let (Some(change), Some(to)) = (change, &self.watcher) {
+            let _ = to.send(change);
+        }
     }
 
     /// Adds or replaces the subscription of `entry.to` to `filter` (in `group` if shared).
@@ -120,6 +176,8 @@ impl Router {
                     p.overlaps = p.overlaps.saturating_add(1);
                 }
             }
+            drop(st);
+            self.count_local(filter, group, true);
         }
         is_new
     }
@@ -130,6 +188,9 @@ impl Router {
         let Some(removed) = self.trie.remove(filter, group, session_id) else {
             return false;
         };
+        if removed.to.session().is_some() {
+            self.count_local(filter, group, false);
+        }
         if let (true, Subscriber::Session(session)) = (removed.overlaps > 0, &removed.to) {
             for (f, g) in overlapping(&session.lock(), filter, group) {
                 // A saturated count is no longer exact: it stays. Never below 0: one entry can
@@ -163,8 +224,31 @@ impl Router {
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
             let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.to.id() == msg.origin));
-            for e in subs.chain(slot.groups.iter().filter_map(|g| g.pick(strategy, msg))) {
-                let t = Target::new(e);
+            let picks =
+                slot.groups.iter().filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
+            for (e, group) in subs.map(|e| (e, None)).chain(picks) {
+                let t = Target::new(e, group);
+                merging += usize::from(t.merges());
+                out.push(t);
+            }
+        });
+        if merging > 1 {
+            merge_overlaps(out);
+        }
+    }
+
+    /// The deliveries of `msg`, forwarded by another node, to this broker's sessions within
+    /// `scope`: its normal subscriptions if `scope.plain`, and one local member of each
+    /// shared group `scope.groups` names (the sender picked this node for them).
+    pub fn route_forwarded<'a>(&'a self, msg: &Message, scope: &Scope, out: &mut Vec<Target<'a>>) {
+        let strategy = self.strategy;
+        let mut merging = 0;
+        self.trie.matches(&msg.topic, &mut |slot| {
+            let subs = slot.subs.iter().filter(|e| scope.plain && e.to.session().is_some());
+            let groups = slot.groups.iter().filter(|g| scope.groups.iter().any(|n| **n == *g.name));
+            let picks = groups.filter_map(|g| g.pick(strategy, msg, true).map(|e| (e, Some(&*g.name))));
+            for (e, group) in subs.map(|e| (e, None)).chain(picks) {
+                let t = Target::new(e, group);
                 merging += usize::from(t.merges());
                 out.push(t);
             }

@@ -27,10 +27,31 @@ impl Group {
     /// The member that gets `msg`. The strategy names a first choice; a member that is offline
     /// or whose queue is full is passed over for the next one that can take the message, so
     /// nothing is lost while any member can. With no such member, the first choice gets it
-    /// (an offline persistent member queues it).
-    pub(super) fn pick(&self, strategy: SharedStrategy, msg: &Message) -> Option<&SubEntry> {
-        let n = self.members.len();
-        if n == 0 {
+    /// (an offline persistent member queues it). `local_only`: only sessions of this broker
+    /// count as members (for a message another node picked this one for).
+    pub(super) fn pick(
+        &self,
+        strategy: SharedStrategy,
+        msg: &Message,
+        local_only: bool,
+    ) -> Option<&SubEntry> {
+        if local_only && self.members.iter().any(|m| m.to.session().is_none()) {
+            let local: Vec<usize> =
+                (0..self.members.len()).filter(|&i| self.members[i].to.session().is_some()).collect();
+            return self.choose(strategy, msg, local.len(), |j| local[j]);
+        }
+        self.choose(strategy, msg, self.members.len(), |j| j)
+    }
+
+    /// Picks among `k` candidates, the j-th of which is member `at(j)`.
+    fn choose(
+        &self,
+        strategy: SharedStrategy,
+        msg: &Message,
+        k: usize,
+        at: impl Fn(usize) -> usize,
+    ) -> Option<&SubEntry> {
+        if k == 0 {
             return None;
         }
         let first = match strategy {
@@ -39,13 +60,13 @@ impl Group {
             SharedStrategy::HashClientid => hash(msg.origin_client.as_bytes()),
             SharedStrategy::HashTopic => hash(msg.topic.as_bytes()),
             SharedStrategy::Sticky => self.cursor.load(Ordering::Relaxed),
-        } % n;
+        } % k;
         let chosen =
-            (0..n).map(|i| (first + i) % n).find(|&i| self.members[i].to.can_accept()).unwrap_or(first);
+            (0..k).map(|j| (first + j) % k).find(|&j| self.members[at(j)].to.can_accept()).unwrap_or(first);
         if strategy == SharedStrategy::Sticky && chosen != first {
             self.cursor.store(chosen, Ordering::Relaxed);
         }
-        Some(&self.members[chosen])
+        Some(&self.members[at(chosen)])
     }
 }
 

@@ -22,7 +22,7 @@ use braid_proto::ByteString;
 pub use alias::OutboundAliases;
 pub use persist::{Persist, Restore};
 pub use qos2::Qos2Ids;
-pub use queue::{Enqueued, OnDisk, Queue, QueueLimits};
+pub use queue::{Enqueued, Item, OnDisk, Queue, QueueLimits};
 pub use state::{Link, Outbox, Release, SessionState, Transmit};
 
 use crate::message::Delivery;

@@ -19,6 +19,45 @@ use std::sync::Arc;
 
 use crate::config::{StoreBackend, StoreConfig};
 
+/// The store's record encodings, for a store that keeps its records elsewhere (a cluster's
+/// Redis) and for messages passed between nodes.
+pub mod codec {
+    use std::sync::Arc;
+
+    use super::{record, SessionRecord};
+    use crate::message::{Delivery, Message};
+
+    /// A session's metadata.
+    pub fn session(r: &SessionRecord) -> Vec<u8> {
+        record::session(r)
+    }
+
+    /// Reads [`session`]'s output.
+    pub fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
+        record::read_session(body)
+    }
+
+    /// A queued delivery (with its sequence number).
+    pub fn delivery(d: &Delivery) -> Vec<u8> {
+        record::append(0, d.seq, d)
+    }
+
+    /// Reads [`delivery`]'s output.
+    pub fn read_delivery(body: &[u8]) -> Result<Delivery, String> {
+        record::read_append(body).map(|(_, d)| d)
+    }
+
+    /// A message: topic, payload, QoS, RETAIN, properties and expiry.
+    pub fn message(msg: &Message) -> Vec<u8> {
+        record::retain(msg)
+    }
+
+    /// Reads [`message`]'s output (no publisher: origin 0).
+    pub fn read_message(body: &[u8]) -> Result<Arc<Message>, String> {
+        record::read_retain(body)
+    }
+}
+
 /// Opens the store `config` describes (recovering a disk store's contents).
 pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match config.backend {

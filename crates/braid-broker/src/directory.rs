@@ -1,0 +1,22 @@
+//! Who holds a client's session when several brokers serve as one: the seam a cluster
+//! implements so that a CONNECT claims its client id cluster-wide before the session attaches
+//! (see [`crate::broker::Broker::set_directory`]). A single broker has none.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+
+use braid_proto::ReasonCode;
+
+/// The future of a claim.
+pub type Claiming<'a> = Pin<Box<dyn Future<Output = Result<(), ReasonCode>> + Send + 'a>>;
+
+/// A cluster-wide directory of sessions.
+pub trait Directory: Send + Sync + Debug {
+    /// Makes this broker the holder of `client_id`'s session before its CONNECT is accepted:
+    /// a connection to another node that holds it is closed (0x8E) and the session, unless
+    /// `clean_start`, handed over and adopted here ([`crate::broker::Broker::adopt`]). `Err`
+    /// is the CONNACK reason to refuse with: 0x9C while this node must not serve (cut off
+    /// from the cluster), 0x88 when the claim failed.
+    fn claim<'a>(&'a self, client_id: &'a str, clean_start: bool) -> Claiming<'a>;
+}

@@ -1,0 +1,232 @@
+//! One session per client id, cluster-wide. A CONNECT claims its client id: if another live
+//! node holds the session, that node closes its connection (0x8E), writes out what it has and
+//! answers; then a script raises the session's ownership epoch and names this node the owner.
+//! Every later write of the session carries that epoch ([`crate::store`]), so a node that lost
+//! the session, even one that missed the request, cannot change it. Unless the client starts
+//! clean, the session is then read from Redis and adopted by the broker.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use braid_broker::broker::Broker;
+use braid_broker::directory::Claiming;
+use braid_proto::{ByteString, ReasonCode};
+
+use crate::inbox::wait_durable;
+use crate::membership;
+use crate::redis::{bytes, int};
+use crate::store::read_session;
+use crate::wire;
+use crate::{ClusterError, Shared};
+
+/// Raises the epoch and takes ownership; with ARGV[2] = 1 (clean start) the old session's
+/// data goes. Returns {epoch, previous owner}.
+const CLAIM: &str = r#"
+local prev = redis.call('HGET', KEYS[1], 'owner') or ''
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1])
+if ARGV[2] == '1' then
+  redis.call('HDEL', KEYS[1], 'record')
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+end
+return {epoch, prev}
+"#;
+
+/// The cluster's [`braid_broker::directory::Directory`].
+#[derive(Debug)]
+pub(crate) struct Directory {
+    shared: Arc<Shared>,
+    broker: std::sync::Weak<Broker>,
+}
+
+impl Directory {
+    pub(crate) fn new(shared: Arc<Shared>, broker: &Arc<Broker>) -> Directory {
+        Directory { shared, broker: Arc::downgrade(broker) }
+    }
+}
+
+impl braid_broker::directory::Directory for Directory {
+    fn claim<'a>(&'a self, client_id: &'a str, clean_start: bool) -> Claiming<'a> {
+        Box::pin(async move {
+            if !self.shared.serving() {
+                return Err(ReasonCode::UseAnotherServer);
+            }
+            let broker = self.broker.upgrade().ok_or(ReasonCode::ServerUnavailable)?;
+            claim(&self.shared, &broker, client_id, clean_start).await.map_err(|e| {
+                warn!(%client_id, "cluster: cannot claim the session: {e}");
+                ReasonCode::ServerUnavailable
+            })
+        })
+    }
+}
+
+async fn claim(
+    shared: &Arc<Shared>,
+    broker: &Arc<Broker>,
+    client_id: &str,
+    clean: bool,
+) -> Result<(), ClusterError> {
+    let err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
+    let mut conn = shared.conn.clone();
+    let keys = shared.keys.session(client_id);
+    let owner: Option<String> =
+        redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
+    if let Some(owner) = owner.filter(|o| *o != shared.me) {
+        request_release(shared, &mut conn, client_id, &owner).await;
+    }
+    let reply: Vec<Value> = redis::cmd("EVAL")
+        .arg(CLAIM)
+        .arg(4)
+        .arg(&keys.all()[..])
+        .arg(&shared.me)
+        .arg(if clean { "1" } else { "0" })
+        .query_async(&mut conn)
+        .await
+        .map_err(err)?;
+    let epoch = reply.first().and_then(int).unwrap_or(0) as u64;
+    let prev =
+        reply.get(1).and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+    if !prev.is_empty() && prev != shared.me {
+        // Claimed by yet another node in the meantime: its writes are fenced from now on;
+        // it is asked to close its connection all the same.
+        request_release(shared, &mut conn, client_id, &prev).await;
+        let _: redis::RedisResult<()> =
+            redis::cmd("SREM").arg(shared.keys.owned(&prev)).arg(client_id).query_async(&mut conn).await;
+    }
+    shared.store.set_epoch(client_id, epoch);
+    let _: () = redis::cmd("SADD")
+        .arg(shared.keys.owned(&shared.me))
+        .arg(client_id)
+        .query_async(&mut conn)
+        .await
+        .map_err(err)?;
+    if !clean && !broker.has_session(client_id) {
+        adopt(shared, broker, client_id).await?;
+    }
+    Ok(())
+}
+
+/// Asks `owner`, if alive, to close `client_id`'s connection and write out its session, and
+/// waits for its answer (at most `cluster.takeover_timeout_ms`).
+async fn request_release(
+    shared: &Shared,
+    conn: &mut redis::aio::ConnectionManager,
+    client_id: &str,
+    owner: &str,
+) {
+    if !membership::alive(shared, conn, owner).await {
+        return;
+    }
+    let (tx, rx) = oneshot::channel();
+    shared.handovers.lock().insert(client_id.into(), tx);
+    let request = wire::control_cmd(&shared.keys.inbox(owner), "r", client_id, &shared.me);
+    let sent: redis::RedisResult<()> = request.query_async(conn).await;
+    if sent.is_err() {
+        shared.handovers.lock().remove(client_id);
+        return;
+    }
+    let timeout = Duration::from_millis(shared.config.takeover_timeout_ms);
+    if tokio::time::timeout(timeout, rx).await.is_err() {
+        shared.handovers.lock().remove(client_id);
+        warn!(%client_id, %owner, "cluster: no handover answer in time; taking the session as Redis has it");
+    }
+}
+
+/// Reads `client_id`'s session from Redis and has the broker adopt it.
+async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> Result<(), ClusterError> {
+    let keys = shared.keys.session(client_id);
+    let mut conn = shared.conn.clone();
+    let replies: Vec<Value> = redis::pipe()
+        .cmd("HGET")
+        .arg(&keys.meta)
+        .arg("record")
+        .cmd("HGETALL")
+        .arg(&keys.queue)
+        .cmd("HGETALL")
+        .arg(&keys.stages)
+        .cmd("SMEMBERS")
+        .arg(&keys.qos2)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| ClusterError::Redis(e.to_string()))?;
+    let Some(session) =
+        read_session(client_id, &replies[0], &replies[1..3], &replies[3]).map_err(ClusterError::Redis)?
+    else {
+        return Ok(());
+    };
+    let id = broker.adopt(session, Instant::now());
+    shared.store.bind(id, client_id);
+    Ok(())
+}
+
+/// Takes in, at start, the sessions Redis says this node holds (it stopped or died with
+/// them), so that what arrives for them is queued until their clients come back.
+pub(crate) async fn adopt_owned(shared: &Arc<Shared>, broker: &Arc<Broker>) -> Result<(), ClusterError> {
+    let mut conn = shared.conn.clone();
+    let owned: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(shared.keys.owned(&shared.me))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| ClusterError::Redis(e.to_string()))?;
+    let mut adopted = 0;
+    for client_id in owned {
+        let keys = shared.keys.session(&client_id);
+        let meta: (Option<String>, Option<u64>) = redis::cmd("HMGET")
+            .arg(&keys.meta)
+            .arg("owner")
+            .arg("epoch")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ClusterError::Redis(e.to_string()))?;
+        match meta {
+            (Some(owner), Some(epoch)) if owner == shared.me => {
+                shared.store.set_epoch(&client_id, epoch);
+                adopt(shared, broker, &client_id).await?;
+                adopted += 1;
+            }
+            _ => {
+                let _: redis::RedisResult<()> = redis::cmd("SREM")
+                    .arg(shared.keys.owned(&shared.me))
+                    .arg(&client_id)
+                    .query_async(&mut conn)
+                    .await;
+            }
+        }
+    }
+    if adopted > 0 {
+        info!(sessions = adopted, "cluster: took back the sessions this node held");
+    }
+    Ok(())
+}
+
+/// Another node claims `client_id`: closes its connection here (0x8E), waits until what its
+/// session wrote is in Redis, and tells `to` so.
+pub(crate) async fn hand_over(shared: Arc<Shared>, broker: Arc<Broker>, client_id: ByteString, to: String) {
+    if let Some(ticket) = broker.release(&client_id, Instant::now()) {
+        wait_durable(&*shared.store, ticket).await;
+        info!(%client_id, node = %to, "cluster: session handed over");
+    }
+    shared.store.unbind(&client_id);
+    let mut conn = shared.conn.clone();
+    let mut pipe = redis::pipe();
+    pipe.add_command(wire::control_cmd(&shared.keys.inbox(&to), "d", &client_id, &shared.me)).ignore();
+    let _: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
+}
+
+/// Lets go of the sessions whose writes were fenced: another node owns them now.
+pub(crate) async fn release_fenced(
+    shared: Arc<Shared>,
+    broker: Arc<Broker>,
+    mut fenced: mpsc::UnboundedReceiver<ByteString>,
+) {
+    while let Some(client_id) = fenced.recv().await {
+        if broker.release(&client_id, Instant::now()).is_some() {
+            warn!(%client_id, "cluster: another node owns this session now; its connection here is closed");
+        }
+        shared.store.unbind(&client_id);
+    }
+}

@@ -1,0 +1,86 @@
+//! The names of the cluster's Redis keys, all under `cluster.key_prefix`. A session's keys
+//! share a hash tag (its client id), and so do the retained hash and its change log, so that
+//! the scripts that touch several of them stay on one slot of a Redis Cluster.
+
+/// Key names for one cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+/// The keys of one session.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionKeys {
+    /// Hash: `epoch`, `owner`, `record`.
+    pub meta: String,
+    /// Hash: sequence number -> delivery.
+    pub queue: String,
+    /// Hash: sequence number -> stage (absent: queued).
+    pub stages: String,
+    /// Set: inbound QoS 2 packet ids awaiting PUBREL.
+    pub qos2: String,
+}
+
+impl SessionKeys {
+    /// All four, in the order the scripts take them.
+    pub(crate) fn all(&self) -> [&str; 4] {
+        [&self.meta, &self.queue, &self.stages, &self.qos2]
+    }
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Keys {
+        Keys { prefix: prefix.to_string() }
+    }
+
+    /// String with a PX expiry: the lease of `node` (its value: the node's incarnation).
+    pub(crate) fn lease(&self, node: &str) -> String {
+        format!("{}:lease:{{{node}}}", self.prefix)
+    }
+
+    /// Hash: node -> its listeners, for `$SYS/cluster` and the node list.
+    pub(crate) fn nodes(&self) -> String {
+        format!("{}:nodes", self.prefix)
+    }
+
+    /// Set: the filters `node`'s sessions subscribe to.
+    pub(crate) fn routes(&self, node: &str) -> String {
+        format!("{}:routes:{{{node}}}", self.prefix)
+    }
+
+    /// Stream: every change of any node's routes, in order.
+    pub(crate) fn route_log(&self) -> String {
+        format!("{}:routelog", self.prefix)
+    }
+
+    /// Stream (consumer group `braid`): messages and control requests for `node`.
+    pub(crate) fn inbox(&self, node: &str) -> String {
+        format!("{}:inbox:{{{node}}}", self.prefix)
+    }
+
+    /// Set: the client ids whose sessions `node` holds.
+    pub(crate) fn owned(&self, node: &str) -> String {
+        format!("{}:owned:{{{node}}}", self.prefix)
+    }
+
+    /// Hash: topic -> retained message.
+    pub(crate) fn retained(&self) -> String {
+        format!("{}:retained:{{r}}", self.prefix)
+    }
+
+    /// Stream: every change of a retained message, in order.
+    pub(crate) fn retained_log(&self) -> String {
+        format!("{}:retainedlog:{{r}}", self.prefix)
+    }
+
+    /// The keys of `client_id`'s session.
+    pub(crate) fn session(&self, client_id: &str) -> SessionKeys {
+        let p = &self.prefix;
+        SessionKeys {
+            meta: format!("{p}:s:{{{client_id}}}"),
+            queue: format!("{p}:q:{{{client_id}}}"),
+            stages: format!("{p}:st:{{{client_id}}}"),
+            qos2: format!("{p}:q2:{{{client_id}}}"),
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Braid's cluster: many broker nodes serving as one, on Redis (see `docs/cluster.md`).
+//!
+//! What lives in Redis: each node's lease and routes (the filters its sessions subscribe to,
+//! with a change log every node follows), each node's inbox stream (messages other nodes
+//! route to its sessions, read through a consumer group and acknowledged once delivered),
+//! persistent sessions with their queued deliveries under an ownership epoch, and retained
+//! messages with their change log. What stays on a node: its connections, the sessions it
+//! holds (a write-through copy) and a cache of the other nodes' routes, which it hands to its
+//! router as remote subscribers.
+//!
+//! - [`Node::connect`] reaches Redis and takes the node's lease; [`Node::store`] is the store
+//!   the broker is built on; [`Node::start`] joins the broker to the cluster.
+
+mod directory;
+mod inbox;
+mod keys;
+mod membership;
+mod redis;
+mod retained;
+mod routes;
+mod store;
+mod wire;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ::redis::aio::ConnectionManager;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use braid_broker::broker::Broker;
+use braid_broker::config::ClusterConfig;
+use braid_broker::router::RemoteRef;
+use braid_broker::store::Store;
+use braid_proto::ByteString;
+
+use keys::Keys;
+use store::{RedisStore, Writer};
+use wire::Origin;
+
+/// A cluster that cannot be joined.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A `[cluster]` setting is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// Redis refused or could not be reached.
+    #[error("cluster.redis: {0}")]
+    Redis(String),
+    /// Another running node has this node's name.
+    #[error("cluster.node: {0}")]
+    NameInUse(String),
+}
+
+/// A node that has reached Redis and holds its lease, not yet serving.
+#[derive(Debug)]
+pub struct Node {
+    shared: Arc<Shared>,
+    writer: Writer,
+    retained_from: String,
+}
+
+/// What the node's tasks share.
+#[derive(Debug)]
+struct Shared {
+    config: ClusterConfig,
+    me: String,
+    keys: Keys,
+    redis: redis::Redis,
+    conn: ConnectionManager,
+    store: Arc<RedisStore>,
+    origin: Origin,
+    /// False while this node may not serve (cut off from Redis past its lease).
+    serving: AtomicBool,
+    /// A remote subscriber for each other node.
+    sinks: Mutex<HashMap<String, RemoteRef>>,
+    /// Handovers this node waits for, by client id.
+    handovers: Mutex<HashMap<ByteString, oneshot::Sender<()>>>,
+}
+
+impl Node {
+    /// Reaches Redis (checking the URL and credentials), takes this node's lease (waiting
+    /// out the lease of a previous process of the same name that died) and reads the
+    /// retained messages.
+    pub async fn connect(config: &ClusterConfig) -> Result<Node, ClusterError> {
+        let redis = redis::Redis::new(&config.redis)?;
+        let timeout = Duration::from_millis(config.lease_ms / 2).max(Duration::from_secs(1));
+        let mut conn = redis.manager(timeout).await?;
+        ::redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| ClusterError::Redis(format!("{}: {e}", redis.display())))?;
+        let keys = Keys::new(&config.key_prefix);
+        let start_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+        let origin = Origin::new(&config.node, start_ms);
+        membership::take_lease(&mut conn, &keys, config, &origin.incarnation).await?;
+        let (retained, retained_from) = retained::load(&mut conn, &keys).await?;
+        info!(node = %config.node, redis = %redis.display(), retained = retained.len(), "joined the cluster's Redis");
+        let (store, writer) = RedisStore::new(keys.clone(), retained, config.batch);
+        let shared = Arc::new(Shared {
+            config: config.clone(),
+            me: config.node.clone(),
+            keys,
+            redis,
+            conn,
+            store,
+            origin,
+            serving: AtomicBool::new(true),
+            sinks: Mutex::new(HashMap::new()),
+            handovers: Mutex::new(HashMap::new()),
+        });
+        Ok(Node { shared, writer, retained_from })
+    }
+
+    /// The store to build the broker on: sessions and retained messages in Redis.
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.shared.store.clone()
+    }
+
+    /// Joins `broker` (built on [`Node::store`]) to the cluster: CONNECTs claim their client
+    /// id cluster-wide, subscriptions are announced to the other nodes and theirs routed to,
+    /// messages for this node's sessions are read from its inbox, retained messages follow
+    /// the cluster's. Its tasks run until the broker shuts down; then call [`Member::leave`].
+    pub async fn start(self, broker: &Arc<Broker>) -> Result<Member, ClusterError> {
+        let shared = self.shared;
+        let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
+        tokio::spawn(self.writer.run(shared.conn.clone(), fenced_tx));
+        directory::adopt_owned(&shared, broker).await?;
+        broker.set_directory(Arc::new(directory::Directory::new(shared.clone(), broker)));
+        tokio::spawn(directory::release_fenced(shared.clone(), broker.clone(), fenced_rx));
+        routes::announce(&shared, broker).await;
+        tokio::spawn(routes::follow(shared.clone(), broker.clone()));
+        tokio::spawn(inbox::run(shared.clone(), broker.clone()).await?);
+        tokio::spawn(retained::follow(shared.clone(), broker.clone(), self.retained_from));
+        tokio::spawn(membership::run(shared.clone(), broker.clone()));
+        Ok(Member { shared })
+    }
+}
+
+/// A node serving in the cluster.
+#[derive(Debug)]
+pub struct Member {
+    shared: Arc<Shared>,
+}
+
+impl Member {
+    /// Gives up the node's lease once the broker has stopped and its store has written
+    /// everything: a client that reconnects elsewhere then takes its session over at once.
+    pub async fn leave(self) {
+        membership::leave(&self.shared).await;
+    }
+}
+
+impl Shared {
+    /// True while this node may serve clients.
+    fn serving(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+}
+
+/// Logs a Redis error once per failing stretch: `failing` is the stretch's state.
+fn log_failure(what: &str, failing: &mut bool, e: &dyn std::fmt::Display) {
+    if !*failing {
+        warn!("cluster: {what}: {e}; retrying");
+        *failing = true;
+    }
+}

@@ -1,0 +1,178 @@
+//! Who is in the cluster: each node holds a lease key with a time to live, renewed a few
+//! times per lease. A node whose lease lapsed is dead to the others. A node that cannot renew
+//! its own for longer than the lease stops serving (`cluster.on_partition = "refuse"`): its
+//! clients are told to use another server (0x9C), so two nodes never serve one client id.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::Value;
+use tracing::{error, info, warn};
+
+use braid_broker::broker::Broker;
+use braid_broker::config::{ClusterConfig, PartitionPolicy};
+use braid_broker::message::Message;
+use braid_proto::ReasonCode;
+
+use crate::keys::Keys;
+use crate::redis::{bytes, int};
+use crate::{ClusterError, Shared};
+
+/// Renews the lease if this incarnation holds it or nobody does: 1 if renewed, 0 if another
+/// process holds it.
+const RENEW: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"#;
+
+/// Takes the lease of `config.node`, waiting up to one lease for a previous holder's to lapse.
+pub(crate) async fn take_lease(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    config: &ClusterConfig,
+    incarnation: &str,
+) -> Result<(), ClusterError> {
+    let deadline = Instant::now() + Duration::from_millis(config.lease_ms + 1000);
+    let mut logged = false;
+    loop {
+        let taken: i64 = redis::cmd("EVAL")
+            .arg(RENEW)
+            .arg(1)
+            .arg(keys.lease(&config.node))
+            .arg(incarnation)
+            .arg(config.lease_ms)
+            .query_async(conn)
+            .await
+            .map_err(|e| ClusterError::Redis(e.to_string()))?;
+        if taken == 1 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(ClusterError::NameInUse(format!(
+                "another running node is named {:?} (its lease in Redis is renewed): give each node a unique name",
+                config.node
+            )));
+        }
+        if !logged {
+            warn!(node = %config.node, "a node of this name held a lease: waiting for it to lapse (a process that died)");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Renews the lease, keeps `$SYS/cluster/nodes` up to date, stops serving when cut off and
+/// leaves the cluster when the broker shuts down.
+pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
+    let lease = Duration::from_millis(shared.config.lease_ms);
+    let mut tick = tokio::time::interval(lease / 4);
+    let mut conn = shared.conn.clone();
+    let mut renewed = Instant::now();
+    let mut nodes_seen = String::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = broker.shutdown.cancelled() => break,
+        }
+        match renew(&shared, &mut conn).await {
+            Ok(true) => {
+                renewed = Instant::now();
+                if !shared.serving.swap(true, Ordering::Relaxed) {
+                    info!("cluster: Redis reached again; serving clients again");
+                }
+            }
+            Ok(false) => {
+                error!(node = %shared.me, "cluster: another process took this node's name; no longer serving");
+                stop_serving(&shared, &broker);
+                continue;
+            }
+            Err(e) => {
+                if renewed.elapsed() > lease && shared.config.on_partition == PartitionPolicy::Refuse {
+                    if shared.serving() {
+                        warn!("cluster: cut off from Redis for longer than the lease ({e}): telling clients to use another server");
+                    }
+                    stop_serving(&shared, &broker);
+                }
+                continue;
+            }
+        }
+        if let Ok(nodes) = live_nodes(&shared, &mut conn).await {
+            let list = format!("[{}]", nodes.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(","));
+            if list != nodes_seen {
+                info!(nodes = %list, "cluster: nodes");
+                let topic = "$SYS/cluster/nodes".into();
+                let _ = broker.publish(Message::internal(topic, list.clone().into(), true), Instant::now());
+                nodes_seen = list;
+            }
+        }
+    }
+}
+
+fn stop_serving(shared: &Shared, broker: &Broker) {
+    shared.serving.store(false, Ordering::Relaxed);
+    broker.close_all(ReasonCode::UseAnotherServer);
+}
+
+/// Renews the lease and the node's entry in the node list.
+async fn renew(shared: &Shared, conn: &mut ConnectionManager) -> redis::RedisResult<bool> {
+    let (renewed, _): (i64, Value) = redis::pipe()
+        .cmd("EVAL")
+        .arg(RENEW)
+        .arg(1)
+        .arg(shared.keys.lease(&shared.me))
+        .arg(&shared.origin.incarnation)
+        .arg(shared.config.lease_ms)
+        .cmd("HSET")
+        .arg(shared.keys.nodes())
+        .arg(&shared.me)
+        .arg(&shared.origin.incarnation)
+        .query_async(conn)
+        .await?;
+    Ok(renewed == 1)
+}
+
+/// The nodes whose lease is held, sorted.
+pub(crate) async fn live_nodes(
+    shared: &Shared,
+    conn: &mut ConnectionManager,
+) -> redis::RedisResult<Vec<String>> {
+    let names: Vec<String> = redis::cmd("HKEYS").arg(shared.keys.nodes()).query_async(conn).await?;
+    let mut pipe = redis::pipe();
+    for n in &names {
+        pipe.cmd("EXISTS").arg(shared.keys.lease(n));
+    }
+    let alive: Vec<Value> = if names.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    let mut live: Vec<String> =
+        names.into_iter().zip(alive).filter(|(_, v)| int(v) == Some(1)).map(|(n, _)| n).collect();
+    live.sort();
+    Ok(live)
+}
+
+/// True if `node`'s lease is held.
+pub(crate) async fn alive(shared: &Shared, conn: &mut ConnectionManager, node: &str) -> bool {
+    let v: redis::RedisResult<Value> = redis::cmd("GET").arg(shared.keys.lease(node)).query_async(conn).await;
+    matches!(v, Ok(ref v) if bytes(v).is_some())
+}
+
+/// Gives up the lease: the node has stopped.
+pub(crate) async fn leave(shared: &Shared) {
+    let conn = &mut shared.conn.clone();
+    let result: redis::RedisResult<()> = redis::pipe()
+        .cmd("DEL")
+        .arg(shared.keys.lease(&shared.me))
+        .ignore()
+        .cmd("HDEL")
+        .arg(shared.keys.nodes())
+        .arg(&shared.me)
+        .ignore()
+        .query_async(conn)
+        .await;
+    match result {
+        Ok(()) => info!(node = %shared.me, "left the cluster"),
+        Err(e) => warn!("cluster: could not leave cleanly ({e}); the lease lapses by itself"),
+    }
+}

@@ -1,0 +1,282 @@
+//! Routes: which filters each node's sessions subscribe to. A node keeps its own in a Redis
+//! set and logs each change to a stream; every node follows that stream and subscribes a
+//! remote subscriber per other node (the [`NodeSink`]) to those filters in its router, so a
+//! message published anywhere is sent once to each node with a matching subscription.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::Value;
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use braid_broker::broker::Broker;
+use braid_broker::router::{FilterChange, Forward, RemoteRef, RemoteSink};
+use braid_broker::session::Enqueued;
+use braid_broker::store::Ticket;
+use braid_proto::{QoS, SubscriptionOptions};
+
+use crate::redis::bytes;
+use crate::{log_failure, Shared};
+
+/// The remote subscriber that stands for another node: what it is sent goes to that node's
+/// inbox through the store's writer, so the publisher's acknowledgement waits for Redis.
+#[derive(Debug)]
+pub(crate) struct NodeSink {
+    shared: Arc<Shared>,
+    node: String,
+}
+
+impl RemoteSink for NodeSink {
+    fn deliver(&self, fwd: Forward, _now: Instant) -> (Enqueued, Ticket) {
+        // A node's own `$SYS` values stay on it.
+        if fwd.msg.origin == 0 && fwd.msg.topic.starts_with("$SYS/") {
+            return (Enqueued::Queued, 0);
+        }
+        (Enqueued::Queued, self.shared.store.forward(&self.node, &self.shared.origin, &fwd))
+    }
+}
+
+/// Publishes this node's routes: the set is started afresh (sessions re-adopted at start are
+/// already in the router), then every change of the router's local filters follows.
+pub(crate) async fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
+    let me = &shared.me;
+    let (set, log) = (shared.keys.routes(me), shared.keys.route_log());
+    let mut reset = redis::cmd("DEL");
+    reset.arg(&set);
+    let mut logged = redis::cmd("XADD");
+    logged.arg(&log).arg("*").arg("n").arg(me).arg("o").arg("reset").arg("f").arg("");
+    shared.store.submit_cmds(vec![reset, logged]);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    broker.watch_filters(tx);
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        while let Some(change) = rx.recv().await {
+            let (op, filter) = match &change {
+                FilterChange::Added(f) => ("add", f),
+                FilterChange::Removed(f) => ("remove", f),
+            };
+            let mut set_cmd = redis::cmd(if op == "add" { "SADD" } else { "SREM" });
+            set_cmd.arg(&set).arg(filter.as_bytes());
+            let mut log_cmd = redis::cmd("XADD");
+            log_cmd.arg(&log).arg("MAXLEN").arg("~").arg(100_000).arg("*");
+            log_cmd.arg("n").arg(&shared.me).arg("o").arg(op).arg("f").arg(filter.as_bytes());
+            shared.store.submit_cmds(vec![set_cmd, log_cmd]);
+        }
+    });
+}
+
+/// The other nodes' routes as this node has them in its router.
+#[derive(Debug, Default)]
+struct Table {
+    by_node: HashMap<String, HashSet<String>>,
+}
+
+impl Table {
+    fn add(&mut self, shared: &Arc<Shared>, broker: &Broker, node: &str, filter: &str) {
+        if self.by_node.entry(node.to_string()).or_default().insert(filter.to_string()) {
+            let sink = sink(shared, broker, node);
+            if broker.subscribe_remote(&sink, filter, everything()).is_err() {
+                debug!(node, filter, "cluster: an invalid filter in the routes is ignored");
+            }
+        }
+    }
+
+    fn remove(&mut self, shared: &Arc<Shared>, broker: &Broker, node: &str, filter: &str) {
+        if self.by_node.get_mut(node).is_some_and(|f| f.remove(filter)) {
+            broker.unsubscribe_remote(&sink(shared, broker, node), filter);
+        }
+    }
+
+    fn reset(&mut self, shared: &Arc<Shared>, broker: &Broker, node: &str) {
+        for filter in self.by_node.remove(node).unwrap_or_default() {
+            broker.unsubscribe_remote(&sink(shared, broker, node), &filter);
+        }
+    }
+
+    /// Makes the table `wanted` (a fresh read of every node's set).
+    fn sync(&mut self, shared: &Arc<Shared>, broker: &Broker, wanted: HashMap<String, HashSet<String>>) {
+        let stale: Vec<(String, String)> = self
+            .by_node
+            .iter()
+            .flat_map(|(n, fs)| fs.iter().map(move |f| (n.clone(), f.clone())))
+            .filter(|(n, f)| !wanted.get(n).is_some_and(|w| w.contains(f)))
+            .collect();
+        for (n, f) in stale {
+            self.remove(shared, broker, &n, &f);
+        }
+        for (n, fs) in wanted {
+            for f in fs {
+                self.add(shared, broker, &n, &f);
+            }
+        }
+    }
+}
+
+/// Subscription options for a node's route: the message goes at its own QoS; the node that
+/// receives it applies its sessions' options.
+fn everything() -> SubscriptionOptions {
+    SubscriptionOptions { qos: QoS::ExactlyOnce, ..SubscriptionOptions::default() }
+}
+
+/// The remote subscriber for `node`, made on first use.
+fn sink(shared: &Arc<Shared>, broker: &Broker, node: &str) -> RemoteRef {
+    shared
+        .sinks
+        .lock()
+        .entry(node.to_string())
+        .or_insert_with(|| {
+            broker.remote_sink(Arc::new(NodeSink { shared: shared.clone(), node: node.to_string() }))
+        })
+        .clone()
+}
+
+/// Follows the route log; after any failure it reads every node's set afresh.
+pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>) {
+    let mut conn = match shared.redis.manager(Duration::from_secs(5)).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("cluster: cannot follow routes: {e}");
+            return;
+        }
+    };
+    let mut table = Table::default();
+    let mut failing = false;
+    loop {
+        let from = match snapshot(&shared, &mut conn).await {
+            Ok((from, wanted)) => {
+                table.sync(&shared, &broker, wanted);
+                from
+            }
+            Err(e) => {
+                log_failure("reading routes", &mut failing, &e);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    _ = broker.shutdown.cancelled() => return,
+                }
+            }
+        };
+        failing = false;
+        let mut from = from;
+        let log = shared.keys.route_log();
+        loop {
+            let read = tokio::select! {
+                r = read_log(&mut conn, &log, &from) => r,
+                _ = broker.shutdown.cancelled() => return,
+            };
+            match read {
+                Ok(entries) => {
+                    for (id, fields) in entries {
+                        apply(&shared, &broker, &mut table, &fields);
+                        from = id;
+                    }
+                }
+                Err(e) => {
+                    log_failure("following routes", &mut failing, &e);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn apply(shared: &Arc<Shared>, broker: &Broker, table: &mut Table, fields: &[Value]) {
+    let get = |name: &[u8]| {
+        fields
+            .chunks(2)
+            .find(|c| c.first().and_then(bytes) == Some(name))
+            .and_then(|c| c.get(1).and_then(bytes))
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+    };
+    let (Some(node), Some(op), Some(filter)) = (get(b"n"), get(b"o"), get(b"f")) else { return };
+    if node == shared.me {
+        return;
+    }
+    match op.as_str() {
+        "add" => table.add(shared, broker, &node, &filter),
+        "remove" => table.remove(shared, broker, &node, &filter),
+        "reset" => table.reset(shared, broker, &node),
+        _ => {}
+    }
+}
+
+/// The log position, then every other node's route set (read after it, so that replaying the
+/// log from there cannot miss a change).
+async fn snapshot(
+    shared: &Shared,
+    conn: &mut ConnectionManager,
+) -> redis::RedisResult<(String, HashMap<String, HashSet<String>>)> {
+    let from = last_id(conn, &shared.keys.route_log()).await?;
+    let nodes: Vec<String> = redis::cmd("HKEYS").arg(shared.keys.nodes()).query_async(conn).await?;
+    let mut wanted = HashMap::new();
+    for node in nodes.into_iter().filter(|n| *n != shared.me) {
+        let filters: HashSet<String> =
+            redis::cmd("SMEMBERS").arg(shared.keys.routes(&node)).query_async(conn).await?;
+        wanted.insert(node, filters);
+    }
+    Ok((from, wanted))
+}
+
+/// The id of the last entry of `stream` ("0" if empty).
+pub(crate) async fn last_id(conn: &mut ConnectionManager, stream: &str) -> redis::RedisResult<String> {
+    let v: Value =
+        redis::cmd("XREVRANGE").arg(stream).arg("+").arg("-").arg("COUNT").arg(1).query_async(conn).await?;
+    Ok(match v {
+        Value::Array(entries) => entries
+            .first()
+            .and_then(|e| match e {
+                Value::Array(parts) => {
+                    parts.first().and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned())
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| "0".into()),
+        _ => "0".into(),
+    })
+}
+
+/// Entries of `stream` after `from`, waiting up to a second for some.
+pub(crate) async fn read_log(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    from: &str,
+) -> redis::RedisResult<Vec<(String, Vec<Value>)>> {
+    let v: Value = redis::cmd("XREAD")
+        .arg("COUNT")
+        .arg(1000)
+        .arg("BLOCK")
+        .arg(1000)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(from)
+        .query_async(conn)
+        .await?;
+    Ok(stream_entries(&v))
+}
+
+/// The (id, fields) entries of an XREAD / XREADGROUP reply for one stream.
+pub(crate) fn stream_entries(v: &Value) -> Vec<(String, Vec<Value>)> {
+    let streams: Vec<&Value> = match v {
+        Value::Array(s) => s.iter().collect(),
+        Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
+        _ => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    for s in streams {
+        let entries = match s {
+            Value::Array(parts) if parts.len() == 2 && matches!(parts[1], Value::Array(_)) => &parts[1],
+            other => other,
+        };
+        let Value::Array(entries) = entries else { continue };
+        for e in entries {
+            let Value::Array(parts) = e else { continue };
+            let (Some(id), Some(Value::Array(fields))) = (parts.first().and_then(bytes), parts.get(1)) else {
+                continue;
+            };
+            out.push((String::from_utf8_lossy(id).into_owned(), fields.clone()));
+        }
+    }
+    out
+}

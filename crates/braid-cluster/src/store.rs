@@ -1,0 +1,433 @@
+//! The store of a cluster node: sessions, their queued deliveries and retained messages kept
+//! in Redis, where any node can take them over, and the messages this node sends to others.
+//! Every change goes through one writer task in submission order, many per Redis round trip
+//! (a pipeline); a change's ticket is durable once Redis answered it, which is what a
+//! publisher's acknowledgement waits for.
+//!
+//! Fencing: a session's writes carry the ownership epoch this node got when it claimed the
+//! client id ([`crate::directory`]); a script refuses them once another node has claimed it
+//! since, and the session is let go here.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::ConnectionManager;
+use redis::{Cmd, Value};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{error, warn};
+
+use braid_broker::message::Delivery;
+use braid_broker::router::Forward;
+use braid_broker::session::Item;
+use braid_broker::store::{codec, Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket};
+use braid_proto::ByteString;
+
+use crate::keys::Keys;
+use crate::redis::{bytes, int};
+use crate::wire;
+
+/// Applies one change to a session's keys if the caller still owns it (see module doc).
+const SESSION_OP: &str = r#"
+local e = tonumber(ARGV[1])
+if e ~= 0 and tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') ~= e then return 0 end
+local op = ARGV[2]
+if op == 'session' then redis.call('HSET', KEYS[1], 'record', ARGV[3])
+elseif op == 'end' then redis.call('HDEL', KEYS[1], 'record'); redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+elseif op == 'append' then redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+elseif op == 'stage' then
+  if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 1 then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
+elseif op == 'done' then redis.call('HDEL', KEYS[2], ARGV[3]); redis.call('HDEL', KEYS[3], ARGV[3])
+elseif op == 'qos2' then
+  if ARGV[4] == '1' then redis.call('SADD', KEYS[4], ARGV[3]) else redis.call('SREM', KEYS[4], ARGV[3]) end
+end
+return 1
+"#;
+
+/// Sets or clears a retained message and logs the change for the other nodes.
+const RETAIN_OP: &str = r#"
+if ARGV[2] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', '100000', '*', 't', ARGV[1], 'v', ARGV[2])
+return 1
+"#;
+
+/// A session this store writes for: its client id and ownership epoch.
+#[derive(Debug, Clone)]
+struct Bound {
+    client_id: ByteString,
+    epoch: u64,
+}
+
+/// What a write's reply is for.
+#[derive(Debug)]
+enum Reply {
+    /// Nothing to read.
+    None,
+    /// A session change: 0 means another node owns the session now.
+    Fenced(ByteString),
+    /// A session's deliveries (two replies: the queue and the stages).
+    Load(oneshot::Sender<Result<Vec<Stored>, StoreError>>),
+}
+
+/// One unit of the writer's work.
+#[derive(Debug)]
+enum Job {
+    Write { ticket: Ticket, cmds: Vec<Cmd>, reply: Reply },
+    Close(std::sync::mpsc::Sender<()>),
+}
+
+/// Assigns tickets and queues jobs in one step, so that jobs reach the writer in ticket order.
+#[derive(Debug)]
+struct Submitter {
+    last: Ticket,
+    tx: mpsc::UnboundedSender<Job>,
+}
+
+/// The Redis store of a cluster node.
+#[derive(Debug)]
+pub(crate) struct RedisStore {
+    keys: Keys,
+    submitter: Mutex<Submitter>,
+    durable: watch::Receiver<Ticket>,
+    sessions: Mutex<HashMap<u64, Bound>>,
+    epochs: Mutex<HashMap<ByteString, u64>>,
+    recovered: Mutex<Option<Recovered>>,
+}
+
+/// The writer side, to be run by [`RedisStore::run_writer`].
+#[derive(Debug)]
+pub(crate) struct Writer {
+    rx: mpsc::UnboundedReceiver<Job>,
+    durable: watch::Sender<Ticket>,
+    batch: usize,
+}
+
+impl RedisStore {
+    /// A store on `keys`, having found `retained` in Redis at start.
+    pub(crate) fn new(
+        keys: Keys,
+        retained: Vec<Arc<braid_broker::message::Message>>,
+        batch: usize,
+    ) -> (Arc<RedisStore>, Writer) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (durable_tx, durable) = watch::channel(0);
+        let recovered = Recovered { sessions: Vec::new(), retained, next_session_id: 1 };
+        let store = Arc::new(RedisStore {
+            keys,
+            submitter: Mutex::new(Submitter { last: 0, tx }),
+            durable,
+            sessions: Mutex::new(HashMap::new()),
+            epochs: Mutex::new(HashMap::new()),
+            recovered: Mutex::new(Some(recovered)),
+        });
+        (store, Writer { rx, durable: durable_tx, batch })
+    }
+
+    /// Writes for `client_id` carry `epoch` from now on (it was just claimed).
+    pub(crate) fn set_epoch(&self, client_id: &str, epoch: u64) {
+        self.epochs.lock().insert(client_id.into(), epoch);
+    }
+
+    /// Session `id` of the broker is `client_id`'s (adopted from Redis).
+    pub(crate) fn bind(&self, id: u64, client_id: &str) {
+        let epoch = self.epochs.lock().get(client_id).copied().unwrap_or(0);
+        self.sessions.lock().insert(id, Bound { client_id: client_id.into(), epoch });
+    }
+
+    /// Forgets `client_id`: another node holds it now.
+    pub(crate) fn unbind(&self, client_id: &str) {
+        self.epochs.lock().remove(client_id);
+        self.sessions.lock().retain(|_, b| &*b.client_id != client_id);
+    }
+
+    /// Queues `fwd` for `node`'s inbox; returns its ticket.
+    pub(crate) fn forward(&self, node: &str, origin: &wire::Origin, fwd: &Forward) -> Ticket {
+        let cmd = wire::message_cmd(&self.keys.inbox(node), origin, fwd);
+        self.push(vec![cmd], Reply::None)
+    }
+
+    /// Queues `cmds` (no reply needed) after everything submitted; returns their ticket.
+    pub(crate) fn submit_cmds(&self, cmds: Vec<Cmd>) -> Ticket {
+        self.push(cmds, Reply::None)
+    }
+
+    fn push(&self, cmds: Vec<Cmd>, reply: Reply) -> Ticket {
+        let mut s = self.submitter.lock();
+        s.last += 1;
+        let ticket = s.last;
+        if s.tx.send(Job::Write { ticket, cmds, reply }).is_err() {
+            error!("cluster store: the writer has stopped; a change is lost");
+        }
+        ticket
+    }
+
+    fn session_cmd(&self, b: &Bound, op: &str, a: &[u8], c: &[u8]) -> Cmd {
+        let k = self.keys.session(&b.client_id);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(SESSION_OP).arg(4).arg(&k.all()[..]).arg(b.epoch).arg(op).arg(a).arg(c);
+        cmd
+    }
+
+    fn bound(&self, id: u64) -> Option<Bound> {
+        let b = self.sessions.lock().get(&id).cloned();
+        if b.is_none() {
+            warn!(session = id, "cluster store: a change for a session not bound here is dropped");
+        }
+        b
+    }
+
+    fn session_op(&self, id: u64, op: &str, a: &[u8], c: &[u8]) -> Ticket {
+        match self.bound(id) {
+            Some(b) => {
+                let cmd = self.session_cmd(&b, op, a, c);
+                self.push(vec![cmd], Reply::Fenced(b.client_id))
+            }
+            None => self.submitter.lock().last,
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn persistent(&self) -> bool {
+        true
+    }
+
+    fn sync(&self) -> bool {
+        true
+    }
+
+    fn submit(&self, op: Op) -> Ticket {
+        match op {
+            Op::Session(rec) => {
+                let client_id = rec.client_id.clone();
+                let epoch = self.epochs.lock().get(&client_id).copied().unwrap_or(0);
+                self.sessions.lock().insert(rec.id, Bound { client_id, epoch });
+                self.session_op(rec.id, "session", &codec::session(&rec), b"")
+            }
+            Op::EndSession(id) => {
+                let ticket = self.session_op(id, "end", b"", b"");
+                if let Some(b) = self.sessions.lock().remove(&id) {
+                    self.epochs.lock().remove(&b.client_id);
+                }
+                ticket
+            }
+            Op::Append { session, seq, delivery } => {
+                let mut d = delivery;
+                d.seq = seq;
+                self.session_op(session, "append", seq.to_string().as_bytes(), &codec::delivery(&d))
+            }
+            Op::Stage { session, seq, stage } => {
+                self.session_op(session, "stage", seq.to_string().as_bytes(), &[stage_byte(stage)])
+            }
+            Op::Done { session, seq } => self.session_op(session, "done", seq.to_string().as_bytes(), b""),
+            Op::IncomingQos2 { session, packet_id, pending } => self.session_op(
+                session,
+                "qos2",
+                packet_id.to_string().as_bytes(),
+                if pending { b"1" } else { b"0" },
+            ),
+            Op::Retain(msg) => {
+                let value = if msg.payload.is_empty() { Vec::new() } else { codec::message(&msg) };
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(RETAIN_OP)
+                    .arg(2)
+                    .arg(self.keys.retained())
+                    .arg(self.keys.retained_log())
+                    .arg(&*msg.topic)
+                    .arg(value);
+                self.push(vec![cmd], Reply::None)
+            }
+            Op::Load { session, reply } => match self.bound(session) {
+                Some(b) => {
+                    let k = self.keys.session(&b.client_id);
+                    let cmds = vec![
+                        redis::cmd("HGETALL").arg(&k.queue).clone(),
+                        redis::cmd("HGETALL").arg(&k.stages).clone(),
+                    ];
+                    self.push(cmds, Reply::Load(reply))
+                }
+                None => {
+                    let _ = reply.send(Ok(Vec::new()));
+                    self.submitter.lock().last
+                }
+            },
+        }
+    }
+
+    fn durable(&self) -> watch::Receiver<Ticket> {
+        self.durable.clone()
+    }
+
+    fn take_recovered(&self) -> Recovered {
+        self.recovered.lock().take().unwrap_or_default()
+    }
+
+    fn close(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self.submitter.lock().tx.send(Job::Close(tx)).is_ok() {
+            // Redis may be away: what is not written by then stays unwritten.
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+impl Writer {
+    /// Writes the submitted changes in order, a batch per round trip, until the store is
+    /// closed. A batch that fails (Redis away) is retried, with backoff, until it succeeds:
+    /// every change is idempotent, and a message sent twice is dropped by its receiver.
+    /// Client ids whose writes were fenced go to `fenced`.
+    pub(crate) async fn run(
+        mut self,
+        mut conn: ConnectionManager,
+        fenced: mpsc::UnboundedSender<ByteString>,
+    ) {
+        let mut jobs = Vec::new();
+        loop {
+            let Some(first) = self.rx.recv().await else { return };
+            jobs.push(first);
+            while jobs.len() < self.batch {
+                match self.rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            let mut pipe = redis::pipe();
+            let mut closing = None;
+            let mut last = 0;
+            for job in &jobs {
+                match job {
+                    Job::Write { ticket, cmds, .. } => {
+                        last = *ticket;
+                        for c in cmds {
+                            pipe.add_command(c.clone());
+                        }
+                    }
+                    Job::Close(tx) => closing = Some(tx.clone()),
+                }
+            }
+            let replies = if pipe.is_empty() { Vec::new() } else { write_until_done(&mut conn, &pipe).await };
+            let mut replies = replies.into_iter();
+            for job in jobs.drain(..) {
+                let Job::Write { cmds, reply, .. } = job else { continue };
+                let mine: Vec<Value> = replies.by_ref().take(cmds.len()).collect();
+                match reply {
+                    Reply::None => {}
+                    Reply::Fenced(client_id) => {
+                        if mine.first().and_then(int) == Some(0) {
+                            let _ = fenced.send(client_id);
+                        }
+                    }
+                    Reply::Load(tx) => {
+                        let _ = tx.send(read_deliveries(&mine));
+                    }
+                }
+            }
+            if last > 0 {
+                self.durable.send_replace(last);
+            }
+            if let Some(tx) = closing {
+                let _ = tx.send(());
+                return;
+            }
+        }
+    }
+}
+
+/// Runs `pipe` until Redis answers it.
+async fn write_until_done(conn: &mut ConnectionManager, pipe: &redis::Pipeline) -> Vec<Value> {
+    let mut backoff = Duration::from_millis(50);
+    let mut failing = false;
+    loop {
+        match pipe.query_async::<Vec<Value>>(conn).await {
+            Ok(replies) => {
+                if failing {
+                    warn!("cluster store: Redis answers again; writes resumed");
+                }
+                return replies;
+            }
+            Err(e) => {
+                if !failing {
+                    warn!("cluster store: cannot write to Redis ({e}); retrying with backoff, acknowledgements wait");
+                    failing = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+fn stage_byte(stage: Stage) -> u8 {
+    match stage {
+        Stage::Queued => 0,
+        Stage::Sent => 1,
+        Stage::Released => 2,
+    }
+}
+
+/// The deliveries in the replies of HGETALL queue and HGETALL stages, oldest first.
+pub(crate) fn read_deliveries(replies: &[Value]) -> Result<Vec<Stored>, StoreError> {
+    let stages: HashMap<u64, Stage> = pairs(replies.get(1))
+        .filter_map(|(k, v)| {
+            let stage = match v.first()? {
+                1 => Stage::Sent,
+                2 => Stage::Released,
+                _ => Stage::Queued,
+            };
+            Some((parse_u64(k)?, stage))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (k, v) in pairs(replies.first()) {
+        let Some(seq) = parse_u64(k) else { continue };
+        match codec::read_delivery(v) {
+            Ok(delivery) => {
+                let stage = stages.get(&seq).copied().unwrap_or(Stage::Queued);
+                out.push(Stored { seq, stage, delivery: Delivery { seq, ..delivery } });
+            }
+            Err(e) => warn!(seq, "cluster store: an unreadable delivery is skipped: {e}"),
+        }
+    }
+    out.sort_unstable_by_key(|s| s.seq);
+    Ok(out)
+}
+
+/// The field/value pairs of a HGETALL reply (an array or a RESP3 map).
+pub(crate) fn pairs(v: Option<&Value>) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let items: Vec<(&[u8], &[u8])> = match v {
+        Some(Value::Array(a)) => {
+            a.chunks(2).filter_map(|c| Some((bytes(c.first()?)?, bytes(c.get(1)?)?))).collect()
+        }
+        Some(Value::Map(m)) => m.iter().filter_map(|(k, v)| Some((bytes(k)?, bytes(v)?))).collect(),
+        _ => Vec::new(),
+    };
+    items.into_iter()
+}
+
+pub(crate) fn parse_u64(b: &[u8]) -> Option<u64> {
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// A session as Redis has it (the replies of HGET record, HGETALL queue and stages, SMEMBERS
+/// qos2), for [`braid_broker::broker::Broker::adopt`]; None if Redis has no record of it.
+pub(crate) fn read_session(
+    client_id: &str,
+    record: &Value,
+    queue_and_stages: &[Value],
+    qos2: &Value,
+) -> Result<Option<RecoveredSession>, String> {
+    let Some(body) = bytes(record) else { return Ok(None) };
+    let mut record = codec::read_session(body)?;
+    record.client_id = ByteString::from(client_id);
+    let queued = read_deliveries(queue_and_stages).map_err(|e| e.to_string())?;
+    let incoming_qos2 = match qos2 {
+        Value::Array(a) | Value::Set(a) => {
+            a.iter().filter_map(|v| std::str::from_utf8(bytes(v)?).ok()?.parse().ok()).collect()
+        }
+        _ => Vec::new(),
+    };
+    let next_seq = queued.last().map_or(1, |s| s.seq + 1);
+    let queued = queued.iter().map(|s| (s.seq, s.delivery.size())).collect();
+    Ok(Some(RecoveredSession { record, next_seq, queued, incoming_qos2 }))
+}

@@ -1,0 +1,114 @@
+//! What nodes write into each other's inbox streams: messages and the requests and answers of
+//! a session handover. An entry is a few fields; a message keeps its encoding from the store.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use redis::{Cmd, Value};
+
+use braid_broker::message::Message;
+use braid_broker::router::{Forward, Scope};
+use braid_broker::store::codec;
+use braid_proto::ByteString;
+
+use crate::redis::bytes;
+
+/// Where messages come from: a node's incarnation (its name and start time) and a counter,
+/// so that a receiver drops a message it got twice.
+#[derive(Debug)]
+pub(crate) struct Origin {
+    /// `node@start_ms`.
+    pub incarnation: String,
+    next: AtomicU64,
+}
+
+impl Origin {
+    pub(crate) fn new(node: &str, start_ms: u64) -> Origin {
+        Origin { incarnation: format!("{node}@{start_ms}"), next: AtomicU64::new(1) }
+    }
+}
+
+/// One inbox entry, read.
+#[derive(Debug)]
+pub(crate) enum Entry {
+    /// A message to route to this node's sessions.
+    Message {
+        /// The message (its publisher's client id set).
+        msg: Arc<Message>,
+        /// Which subscriptions it is for.
+        scope: Scope,
+        /// The sender's incarnation and the message's number there.
+        origin: (String, u64),
+    },
+    /// Another node claims `client_id`: close its connection here and hand its session over.
+    Release { client_id: ByteString, from: String },
+    /// The node asked has handed `client_id`'s session over.
+    Released { client_id: ByteString },
+}
+
+/// XADD of `fwd` to `inbox`, numbered by `origin`.
+pub(crate) fn message_cmd(inbox: &str, origin: &Origin, fwd: &Forward) -> Cmd {
+    let n = origin.next.fetch_add(1, Ordering::Relaxed);
+    let mut scope = vec![u8::from(fwd.scope.plain)];
+    for g in &fwd.scope.groups {
+        scope.push(0);
+        scope.extend_from_slice(g.as_bytes());
+    }
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(inbox)
+        .arg("*")
+        .arg("k")
+        .arg("m")
+        .arg("m")
+        .arg(codec::message(&fwd.msg))
+        .arg("s")
+        .arg(scope)
+        .arg("c")
+        .arg(&*fwd.msg.origin_client)
+        .arg("o")
+        .arg(&origin.incarnation)
+        .arg("n")
+        .arg(n);
+    cmd
+}
+
+/// XADD of a handover request or answer to `inbox`.
+pub(crate) fn control_cmd(inbox: &str, kind: &str, client_id: &str, from: &str) -> Cmd {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(inbox).arg("*").arg("k").arg(kind).arg("c").arg(client_id).arg("f").arg(from);
+    cmd
+}
+
+/// Reads an entry's fields (alternating names and values).
+pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
+    let get = |name: &[u8]| -> Option<&[u8]> {
+        fields.chunks(2).find(|c| c.first().and_then(bytes) == Some(name)).and_then(|c| bytes(c.get(1)?))
+    };
+    let text = |name: &[u8]| -> Result<String, String> {
+        let b = get(name).ok_or_else(|| format!("no {} field", String::from_utf8_lossy(name)))?;
+        String::from_utf8(b.to_vec()).map_err(|_| "a field is not UTF-8".to_string())
+    };
+    match get(b"k") {
+        Some(b"m") => {
+            let mut msg = codec::read_message(get(b"m").ok_or("no message")?)?;
+            let client = text(b"c").unwrap_or_default();
+            if let Some(m) = Arc::get_mut(&mut msg) {
+                m.origin_client = ByteString::from(client);
+            }
+            let s = get(b"s").ok_or("no scope")?;
+            let plain = s.first() == Some(&1);
+            let groups = s
+                .get(1..)
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .skip(1)
+                .map(|g| String::from_utf8_lossy(g).into())
+                .collect();
+            let n = text(b"n")?.parse().map_err(|_| "bad message number")?;
+            Ok(Entry::Message { msg, scope: Scope { plain, groups }, origin: (text(b"o")?, n) })
+        }
+        Some(b"r") => Ok(Entry::Release { client_id: text(b"c")?.into(), from: text(b"f")? }),
+        Some(b"d") => Ok(Entry::Released { client_id: text(b"c")?.into() }),
+        _ => Err("unknown entry kind".into()),
+    }
+}
