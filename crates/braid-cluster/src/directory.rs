@@ -17,10 +17,10 @@ use braid_broker::directory::Claiming;
 use braid_proto::{ByteString, ReasonCode};
 
 use crate::inbox::wait_durable;
-use crate::membership;
 use crate::redis::{bytes, int};
 use crate::store::read_session;
 use crate::wire;
+use crate::{membership, reaper};
 use crate::{ClusterError, Shared};
 
 /// Raises the epoch and takes ownership; with ARGV[2] = 1 (clean start) the old session's
@@ -73,10 +73,24 @@ async fn claim(
     let err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
     let mut conn = shared.conn.clone();
     let keys = shared.keys.session(client_id);
-    let owner: Option<String> =
-        redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
-    if let Some(owner) = owner.filter(|o| *o != shared.me) {
-        request_release(shared, &mut conn, client_id, &owner).await;
+    let deadline = Instant::now()
+        + Duration::from_millis(3 * shared.config.lease_ms + shared.config.takeover_timeout_ms);
+    loop {
+        let owner: Option<String> =
+            redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
+        let Some(owner) = owner.filter(|o| *o != shared.me) else { break };
+        if request_release(shared, &mut conn, client_id, &owner).await || Instant::now() > deadline {
+            break;
+        }
+        // The holder is gone: once its lease has lapsed, its sessions and inbox are taken
+        // over (by this node, or by the one already doing it), then the session is asked
+        // for again.
+        if !membership::alive(shared, &mut conn, &owner).await
+            && reaper::take_over(shared, broker, &owner).await.map_err(err)?
+        {
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let reply: Vec<Value> = redis::cmd("EVAL")
         .arg(CLAIM)
@@ -111,15 +125,15 @@ async fn claim(
 }
 
 /// Asks `owner`, if alive, to close `client_id`'s connection and write out its session, and
-/// waits for its answer (at most `cluster.takeover_timeout_ms`).
+/// waits for its answer (at most `cluster.takeover_timeout_ms`): true if it answered.
 async fn request_release(
     shared: &Shared,
     conn: &mut redis::aio::ConnectionManager,
     client_id: &str,
     owner: &str,
-) {
+) -> bool {
     if !membership::alive(shared, conn, owner).await {
-        return;
+        return false;
     }
     let (tx, rx) = oneshot::channel();
     shared.handovers.lock().insert(client_id.into(), tx);
@@ -127,17 +141,19 @@ async fn request_release(
     let sent: redis::RedisResult<()> = request.query_async(conn).await;
     if sent.is_err() {
         shared.handovers.lock().remove(client_id);
-        return;
+        return false;
     }
     let timeout = Duration::from_millis(shared.config.takeover_timeout_ms);
     if tokio::time::timeout(timeout, rx).await.is_err() {
         shared.handovers.lock().remove(client_id);
-        warn!(%client_id, %owner, "cluster: no handover answer in time; taking the session as Redis has it");
+        warn!(%client_id, %owner, "cluster: the node holding the session does not answer; waiting for its lease to lapse");
+        return false;
     }
+    true
 }
 
 /// Reads `client_id`'s session from Redis and has the broker adopt it.
-async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> Result<(), ClusterError> {
+pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> Result<(), ClusterError> {
     let keys = shared.keys.session(client_id);
     let mut conn = shared.conn.clone();
     let replies: Vec<Value> = redis::pipe()
@@ -206,6 +222,8 @@ pub(crate) async fn adopt_owned(shared: &Arc<Shared>, broker: &Arc<Broker>) -> R
 /// Another node claims `client_id`: closes its connection here (0x8E), waits until what its
 /// session wrote is in Redis, and tells `to` so.
 pub(crate) async fn hand_over(shared: Arc<Shared>, broker: Arc<Broker>, client_id: ByteString, to: String) {
+    // A session taken from a gone node goes on only with what that node's inbox held for it.
+    let _ = shared.reaping.subscribe().wait_for(|n| *n == 0).await;
     if let Some(ticket) = broker.release(&client_id, Instant::now()) {
         wait_durable(&*shared.store, ticket).await;
         info!(%client_id, node = %to, "cluster: session handed over");

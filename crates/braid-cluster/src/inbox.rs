@@ -1,14 +1,17 @@
 //! This node's inbox: a Redis stream other nodes write messages and handover requests into,
 //! read through a consumer group. A message is routed to this node's sessions, and its entry
 //! acknowledged and deleted only once what the sessions queued is durable in Redis: a node
-//! that dies before that reads the entry again at its next start. Entries read twice (that,
-//! or a sender's retried write) are dropped by their number from the sending incarnation.
+//! that dies before that leaves the entry to be read again (by itself at its next start, or
+//! by the node that takes its sessions over, see [`crate::reaper`]). A message that arrives
+//! twice (that, a sender's retried write, or both its old and new holder's inbox) is dropped
+//! by its sender's incarnation and number.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
+use redis::Value;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -19,26 +22,53 @@ use crate::routes::stream_entries;
 use crate::wire::{self, Entry};
 use crate::{directory, log_failure, ClusterError, Shared};
 
-const GROUP: &str = "braid";
+/// The consumer group every inbox is read through.
+pub(crate) const GROUP: &str = "braid";
 
-/// Creates the inbox's consumer group (reading from the stream's start: what was sent while
-/// this node was away is delivered) and returns the reader's task.
-pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) -> Result<JoinHandle<()>, ClusterError> {
-    let inbox = shared.keys.inbox(&shared.me);
-    let mut conn = shared.conn.clone();
+/// How many message numbers per sender the duplicate check remembers.
+const REMEMBERED: usize = 1 << 16;
+
+/// The messages received lately, by sender incarnation.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    by_sender: HashMap<String, BTreeSet<u64>>,
+}
+
+impl Seen {
+    /// True the first time `n` from `sender` is offered.
+    fn first(&mut self, sender: String, n: u64) -> bool {
+        let numbers = self.by_sender.entry(sender).or_default();
+        let new = numbers.insert(n);
+        if numbers.len() > REMEMBERED {
+            numbers.pop_first();
+        }
+        new
+    }
+}
+
+/// Creates `inbox`'s consumer group if it has none (reading from the stream's start: what was
+/// sent while its node was away is delivered).
+pub(crate) async fn create_group(conn: &mut ConnectionManager, inbox: &str) -> Result<(), ClusterError> {
     let created: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
-        .arg(&inbox)
+        .arg(inbox)
         .arg(GROUP)
         .arg("0")
         .arg("MKSTREAM")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await;
-    if let Err(e) = created {
-        if e.code() != Some("BUSYGROUP") {
-            return Err(ClusterError::Redis(format!("cannot create the inbox group: {e}")));
+    match created {
+        Err(e) if e.code() != Some("BUSYGROUP") => {
+            Err(ClusterError::Redis(format!("cannot create the inbox group: {e}")))
         }
+        _ => Ok(()),
     }
+}
+
+/// Creates this node's inbox group and returns the reader's task.
+pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) -> Result<JoinHandle<()>, ClusterError> {
+    let inbox = shared.keys.inbox(&shared.me);
+    create_group(&mut shared.conn.clone(), &inbox).await?;
     let reader = shared.redis.manager(Duration::from_secs(5)).await?;
     Ok(tokio::spawn(read(shared, broker, reader, inbox)))
 }
@@ -46,13 +76,12 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) -> Result<Join
 /// Reads the inbox until the broker shuts down: first what was read before but never
 /// acknowledged (pending), then new entries.
 async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: ConnectionManager, inbox: String) {
-    let mut seen: HashMap<String, u64> = HashMap::new();
     let mut pending = true;
     let mut failing = false;
     loop {
         let from = if pending { "0" } else { ">" };
         let read = tokio::select! {
-            r = read_group(&mut conn, &inbox, &shared.me, from, shared.config.batch) => r,
+            r = read_group(&mut conn, &inbox, &shared.me, from, shared.config.batch, true) => r,
             _ = broker.shutdown.cancelled() => return,
         };
         let entries = match read {
@@ -72,47 +101,62 @@ async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: ConnectionMana
             pending = false;
             continue;
         }
-        let mut ticket = 0;
-        let mut ids = Vec::with_capacity(entries.len());
-        for (id, fields) in entries {
-            ids.push(id);
-            match wire::read(&fields) {
-                Ok(Entry::Message { msg, scope, origin: (from, n) }) => {
-                    let last = seen.entry(from).or_insert(0);
-                    if n <= *last {
-                        debug!(n, "cluster: a message received twice is dropped");
-                        continue;
-                    }
-                    *last = n;
-                    let published = broker.publish_forwarded(msg, &scope, Instant::now());
-                    ticket = ticket.max(published.ticket);
-                }
-                Ok(Entry::Release { client_id, from }) => {
-                    tokio::spawn(directory::hand_over(shared.clone(), broker.clone(), client_id, from));
-                }
-                Ok(Entry::Released { client_id }) => {
-                    if let Some(tx) = shared.handovers.lock().remove(&client_id) {
-                        let _ = tx.send(());
-                    }
-                }
-                Err(e) => warn!("cluster: an unreadable inbox entry is skipped: {e}"),
-            }
-        }
-        wait_durable(&*shared.store, ticket).await;
-        acknowledge(&shared, &inbox, &ids).await;
+        handle(&shared, &broker, &inbox, entries, true).await;
     }
 }
 
-async fn read_group(
+/// Routes the messages of `entries` (read from `inbox`) and, if `answer`, acts on the
+/// handover requests and answers among them; acknowledges and deletes them all once what
+/// they queued is durable.
+pub(crate) async fn handle(
+    shared: &Arc<Shared>,
+    broker: &Arc<Broker>,
+    inbox: &str,
+    entries: Vec<(String, Vec<Value>)>,
+    answer: bool,
+) {
+    let mut ticket = 0;
+    let mut ids = Vec::with_capacity(entries.len());
+    for (id, fields) in entries {
+        ids.push(id);
+        match wire::read(&fields) {
+            Ok(Entry::Message { msg, scope, origin: (from, n) }) => {
+                if !shared.seen.lock().first(from, n) {
+                    debug!(n, "cluster: a message received twice is dropped");
+                    continue;
+                }
+                let published = broker.publish_forwarded(msg, &scope, Instant::now());
+                ticket = ticket.max(published.ticket);
+            }
+            Ok(Entry::Release { client_id, from }) if answer => {
+                tokio::spawn(directory::hand_over(shared.clone(), broker.clone(), client_id, from));
+            }
+            Ok(Entry::Released { client_id }) if answer => {
+                if let Some(tx) = shared.handovers.lock().remove(&client_id) {
+                    let _ = tx.send(());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!("cluster: an unreadable inbox entry is skipped: {e}"),
+        }
+    }
+    wait_durable(&*shared.store, ticket).await;
+    acknowledge(shared, inbox, &ids).await;
+}
+
+/// XREADGROUP of up to `count` entries of `inbox` as consumer `me`, from `from` ("0": those
+/// read before and not acknowledged; ">": new ones, waiting up to a second if `block`).
+pub(crate) async fn read_group(
     conn: &mut ConnectionManager,
     inbox: &str,
     me: &str,
     from: &str,
     count: usize,
-) -> redis::RedisResult<redis::Value> {
+    block: bool,
+) -> redis::RedisResult<Value> {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP").arg(GROUP).arg(me).arg("COUNT").arg(count);
-    if from == ">" {
+    if from == ">" && block {
         cmd.arg("BLOCK").arg(1000);
     }
     cmd.arg("STREAMS").arg(inbox).arg(from);

@@ -63,6 +63,11 @@ impl Keys {
         format!("{}:owned:{{{node}}}", self.prefix)
     }
 
+    /// String with a PX expiry: the node taking over gone `node`.
+    pub(crate) fn reaping(&self, node: &str) -> String {
+        format!("{}:reaping:{{{node}}}", self.prefix)
+    }
+
     /// Hash: topic -> retained message.
     pub(crate) fn retained(&self) -> String {
         format!("{}:retained:{{r}}", self.prefix)

@@ -15,6 +15,7 @@ mod directory;
 mod inbox;
 mod keys;
 mod membership;
+mod reaper;
 mod redis;
 mod retained;
 mod routes;
@@ -39,7 +40,6 @@ use braid_proto::ByteString;
 
 use keys::Keys;
 use store::{RedisStore, Writer};
-use wire::Origin;
 
 /// A cluster that cannot be joined.
 #[derive(Debug, thiserror::Error)]
@@ -72,11 +72,16 @@ struct Shared {
     redis: redis::Redis,
     conn: ConnectionManager,
     store: Arc<RedisStore>,
-    origin: Origin,
+    /// `node@start_ms`: this process among the node's lives.
+    incarnation: String,
+    /// Messages already received, by sender.
+    seen: Mutex<inbox::Seen>,
     /// False while this node may not serve (cut off from Redis past its lease).
     serving: AtomicBool,
     /// A remote subscriber for each other node.
     sinks: Mutex<HashMap<String, RemoteRef>>,
+    /// Takeovers of gone nodes draining their inbox now: handovers wait for none to be left.
+    reaping: tokio::sync::watch::Sender<usize>,
     /// Handovers this node waits for, by client id.
     handovers: Mutex<HashMap<ByteString, oneshot::Sender<()>>>,
 }
@@ -95,8 +100,8 @@ impl Node {
             .map_err(|e| ClusterError::Redis(format!("{}: {e}", redis.display())))?;
         let keys = Keys::new(&config.key_prefix);
         let start_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
-        let origin = Origin::new(&config.node, start_ms);
-        membership::take_lease(&mut conn, &keys, config, &origin.incarnation).await?;
+        let incarnation = format!("{}@{start_ms}", config.node);
+        membership::take_lease(&mut conn, &keys, config, &incarnation).await?;
         let (retained, retained_from) = retained::load(&mut conn, &keys).await?;
         info!(node = %config.node, redis = %redis.display(), retained = retained.len(), "joined the cluster's Redis");
         let (store, writer) = RedisStore::new(keys.clone(), retained, config.batch);
@@ -107,10 +112,12 @@ impl Node {
             redis,
             conn,
             store,
-            origin,
+            incarnation,
+            seen: Mutex::new(inbox::Seen::default()),
             serving: AtomicBool::new(true),
             sinks: Mutex::new(HashMap::new()),
             handovers: Mutex::new(HashMap::new()),
+            reaping: tokio::sync::watch::Sender::new(0),
         });
         Ok(Node { shared, writer, retained_from })
     }
@@ -136,6 +143,7 @@ impl Node {
         tokio::spawn(inbox::run(shared.clone(), broker.clone()).await?);
         tokio::spawn(retained::follow(shared.clone(), broker.clone(), self.retained_from));
         tokio::spawn(membership::run(shared.clone(), broker.clone()));
+        tokio::spawn(reaper::run(shared.clone(), broker.clone()));
         Ok(Member { shared })
     }
 }

@@ -124,12 +124,12 @@ async fn renew(shared: &Shared, conn: &mut ConnectionManager) -> redis::RedisRes
         .arg(RENEW)
         .arg(1)
         .arg(shared.keys.lease(&shared.me))
-        .arg(&shared.origin.incarnation)
+        .arg(&shared.incarnation)
         .arg(shared.config.lease_ms)
         .cmd("HSET")
         .arg(shared.keys.nodes())
         .arg(&shared.me)
-        .arg(&shared.origin.incarnation)
+        .arg(&shared.incarnation)
         .query_async(conn)
         .await?;
     Ok(renewed == 1)
@@ -158,19 +158,12 @@ pub(crate) async fn alive(shared: &Shared, conn: &mut ConnectionManager, node: &
     matches!(v, Ok(ref v) if bytes(v).is_some())
 }
 
-/// Gives up the lease: the node has stopped.
+/// Gives up the lease: the node has stopped. It stays in the node list, so that another node
+/// takes its sessions and inbox over.
 pub(crate) async fn leave(shared: &Shared) {
     let conn = &mut shared.conn.clone();
-    let result: redis::RedisResult<()> = redis::pipe()
-        .cmd("DEL")
-        .arg(shared.keys.lease(&shared.me))
-        .ignore()
-        .cmd("HDEL")
-        .arg(shared.keys.nodes())
-        .arg(&shared.me)
-        .ignore()
-        .query_async(conn)
-        .await;
+    let result: redis::RedisResult<()> =
+        redis::pipe().cmd("DEL").arg(shared.keys.lease(&shared.me)).ignore().query_async(conn).await;
     match result {
         Ok(()) => info!(node = %shared.me, "left the cluster"),
         Err(e) => warn!("cluster: could not leave cleanly ({e}); the lease lapses by itself"),

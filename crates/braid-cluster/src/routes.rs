@@ -35,7 +35,7 @@ impl RemoteSink for NodeSink {
         if fwd.msg.origin == 0 && fwd.msg.topic.starts_with("$SYS/") {
             return (Enqueued::Queued, 0);
         }
-        (Enqueued::Queued, self.shared.store.forward(&self.node, &self.shared.origin, &fwd))
+        (Enqueued::Queued, self.shared.store.forward(&self.node, &self.shared.incarnation, &fwd))
     }
 }
 
@@ -269,14 +269,23 @@ pub(crate) fn stream_entries(v: &Value) -> Vec<(String, Vec<Value>)> {
             Value::Array(parts) if parts.len() == 2 && matches!(parts[1], Value::Array(_)) => &parts[1],
             other => other,
         };
-        let Value::Array(entries) = entries else { continue };
-        for e in entries {
-            let Value::Array(parts) = e else { continue };
-            let (Some(id), Some(Value::Array(fields))) = (parts.first().and_then(bytes), parts.get(1)) else {
-                continue;
-            };
-            out.push((String::from_utf8_lossy(id).into_owned(), fields.clone()));
-        }
+        out.extend(entries_of(entries));
     }
     out
+}
+
+/// The (id, fields) entries of a list of stream entries (entries deleted meanwhile, whose
+/// fields are nil, left out).
+pub(crate) fn entries_of(list: &Value) -> Vec<(String, Vec<Value>)> {
+    let Value::Array(entries) = list else { return Vec::new() };
+    entries
+        .iter()
+        .filter_map(|e| {
+            let Value::Array(parts) = e else { return None };
+            let (Some(id), Some(Value::Array(fields))) = (parts.first().and_then(bytes), parts.get(1)) else {
+                return None;
+            };
+            Some((String::from_utf8_lossy(id).into_owned(), fields.clone()))
+        })
+        .collect()
 }

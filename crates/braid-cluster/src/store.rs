@@ -142,8 +142,8 @@ impl RedisStore {
     }
 
     /// Queues `fwd` for `node`'s inbox; returns its ticket.
-    pub(crate) fn forward(&self, node: &str, origin: &wire::Origin, fwd: &Forward) -> Ticket {
-        let cmd = wire::message_cmd(&self.keys.inbox(node), origin, fwd);
+    pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward) -> Ticket {
+        let cmd = wire::message_cmd(&self.keys.inbox(node), incarnation, fwd);
         self.push(vec![cmd], Reply::None)
     }
 

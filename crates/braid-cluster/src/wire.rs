@@ -1,7 +1,6 @@
 //! What nodes write into each other's inbox streams: messages and the requests and answers of
 //! a session handover. An entry is a few fields; a message keeps its encoding from the store.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use redis::{Cmd, Value};
@@ -12,21 +11,6 @@ use braid_broker::store::codec;
 use braid_proto::ByteString;
 
 use crate::redis::bytes;
-
-/// Where messages come from: a node's incarnation (its name and start time) and a counter,
-/// so that a receiver drops a message it got twice.
-#[derive(Debug)]
-pub(crate) struct Origin {
-    /// `node@start_ms`.
-    pub incarnation: String,
-    next: AtomicU64,
-}
-
-impl Origin {
-    pub(crate) fn new(node: &str, start_ms: u64) -> Origin {
-        Origin { incarnation: format!("{node}@{start_ms}"), next: AtomicU64::new(1) }
-    }
-}
 
 /// One inbox entry, read.
 #[derive(Debug)]
@@ -46,9 +30,9 @@ pub(crate) enum Entry {
     Released { client_id: ByteString },
 }
 
-/// XADD of `fwd` to `inbox`, numbered by `origin`.
-pub(crate) fn message_cmd(inbox: &str, origin: &Origin, fwd: &Forward) -> Cmd {
-    let n = origin.next.fetch_add(1, Ordering::Relaxed);
+/// XADD of `fwd` to `inbox`, from `incarnation` (`node@start_ms`: with the message's number
+/// there, what a receiver recognises a message it got twice by).
+pub(crate) fn message_cmd(inbox: &str, incarnation: &str, fwd: &Forward) -> Cmd {
     let mut scope = vec![u8::from(fwd.scope.plain)];
     for g in &fwd.scope.groups {
         scope.push(0);
@@ -66,9 +50,9 @@ pub(crate) fn message_cmd(inbox: &str, origin: &Origin, fwd: &Forward) -> Cmd {
         .arg("c")
         .arg(&*fwd.msg.origin_client)
         .arg("o")
-        .arg(&origin.incarnation)
+        .arg(incarnation)
         .arg("n")
-        .arg(n);
+        .arg(fwd.id);
     cmd
 }
 

@@ -159,8 +159,9 @@ impl Broker {
                 Some(g) => remotes[i].1.groups.push(g.into()),
             }
         }
+        let id = if remotes.is_empty() { 0 } else { self.last_forward.fetch_add(1, Ordering::Relaxed) + 1 };
         for (remote, scope) in remotes {
-            let (r, ticket) = remote.sink.deliver(Forward { msg: msg.clone(), scope }, now);
+            let (r, ticket) = remote.sink.deliver(Forward { msg: msg.clone(), scope, id }, now);
             self.count_drop(r);
             out.ticket = out.ticket.max(ticket);
         }

@@ -1,0 +1,219 @@
+//! Taking over a node that is gone: its lease lapsed (killed, cut off, or stopped). One live
+//! node, chosen by a lock in Redis, claims each session the gone node held (still held by it:
+//! a client that reconnected elsewhere took its own), adopts them, and drains the gone node's
+//! inbox into them: what was acknowledged to publishers and sent there is delivered. Then it
+//! clears the gone node's routes, so nothing more is sent there, and keeps draining for a
+//! grace period while the other nodes catch up with that change.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::Value;
+use tracing::{info, warn};
+
+use braid_broker::broker::Broker;
+
+use crate::directory;
+use crate::inbox::{self, create_group, read_group, GROUP};
+use crate::membership;
+use crate::redis::bytes;
+use crate::routes::{entries_of, stream_entries};
+use crate::Shared;
+
+/// Claims a session for ARGV[2] if ARGV[1] still owns it: returns the new epoch, or 0.
+const CLAIM_FROM: &str = r#"
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'owner', ARGV[2])
+return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+"#;
+
+/// How long the inbox of a gone node is still drained after its routes were cleared.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// Looks for gone nodes every half lease and takes over those no other node is taking over
+/// (sessions whose clients have not come back elsewhere).
+pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(shared.config.lease_ms / 2));
+    let mut conn = shared.conn.clone();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = broker.shutdown.cancelled() => return,
+        }
+        if !shared.serving() {
+            continue;
+        }
+        let Ok(known) =
+            redis::cmd("HKEYS").arg(shared.keys.nodes()).query_async::<Vec<String>>(&mut conn).await
+        else {
+            continue;
+        };
+        for node in known.into_iter().filter(|n| *n != shared.me) {
+            if !membership::alive(&shared, &mut conn, &node).await {
+                if let Err(e) = take_over(&shared, &broker, &node).await {
+                    warn!(%node, "cluster: taking over a gone node failed ({e}); retried later");
+                }
+            }
+        }
+    }
+}
+
+/// Takes over `node`, whose lease has lapsed, unless another node is doing so: returns
+/// whether this node did. The gone node's inbox is drained into the sessions before this
+/// returns; the grace-period draining goes on in a task of its own.
+pub(crate) async fn take_over(
+    shared: &Arc<Shared>,
+    broker: &Arc<Broker>,
+    node: &str,
+) -> redis::RedisResult<bool> {
+    let mut conn = shared.conn.clone();
+    let lock: Value = redis::cmd("SET")
+        .arg(shared.keys.reaping(node))
+        .arg(&shared.me)
+        .arg("NX")
+        .arg("PX")
+        .arg(shared.config.lease_ms * 3 + GRACE.as_millis() as u64)
+        .query_async(&mut conn)
+        .await?;
+    if !matches!(lock, Value::Okay) && bytes(&lock) != Some(b"OK") {
+        return Ok(false);
+    }
+    shared.reaping.send_modify(|n| *n += 1);
+    let reaped = reap(shared, broker, node).await;
+    shared.reaping.send_modify(|n| *n -= 1);
+    if let Err(e) = reaped {
+        let _: redis::RedisResult<()> =
+            redis::cmd("DEL").arg(shared.keys.reaping(node)).query_async(&mut conn).await;
+        return Err(e);
+    }
+    tokio::spawn(finish(shared.clone(), broker.clone(), node.to_string(), Instant::now()));
+    Ok(true)
+}
+
+async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::RedisResult<()> {
+    let started = Instant::now();
+    let mut conn = shared.conn.clone();
+    let owned: Vec<String> =
+        redis::cmd("SMEMBERS").arg(shared.keys.owned(node)).query_async(&mut conn).await?;
+    let mut sessions = 0;
+    for client_id in &owned {
+        let keys = shared.keys.session(client_id);
+        let epoch: i64 = redis::cmd("EVAL")
+            .arg(CLAIM_FROM)
+            .arg(1)
+            .arg(&keys.meta)
+            .arg(node)
+            .arg(&shared.me)
+            .query_async(&mut conn)
+            .await?;
+        if epoch > 0 {
+            shared.store.set_epoch(client_id, epoch as u64);
+            let _: () = redis::cmd("SADD")
+                .arg(shared.keys.owned(&shared.me))
+                .arg(client_id)
+                .query_async(&mut conn)
+                .await?;
+            if !broker.has_session(client_id) {
+                directory::adopt(shared, broker, client_id).await.map_err(|e| {
+                    redis::RedisError::from((redis::ErrorKind::Client, "adopting a session", e.to_string()))
+                })?;
+            }
+            sessions += 1;
+        }
+        let _: () =
+            redis::cmd("SREM").arg(shared.keys.owned(node)).arg(client_id).query_async(&mut conn).await?;
+    }
+    let inbox = shared.keys.inbox(node);
+    let _ = create_group(&mut conn, &inbox).await;
+    let drained = drain(shared, broker, &mut conn, &inbox, node).await?;
+    // Nothing more is routed there once every node has applied this.
+    let mut reset = redis::pipe();
+    reset.cmd("DEL").arg(shared.keys.routes(node)).ignore();
+    reset
+        .cmd("XADD")
+        .arg(shared.keys.route_log())
+        .arg("*")
+        .arg("n")
+        .arg(node)
+        .arg("o")
+        .arg("reset")
+        .arg("f")
+        .arg("")
+        .ignore();
+    reset.query_async::<()>(&mut conn).await?;
+    info!(%node, sessions, messages = drained, ms = started.elapsed().as_millis() as u64, "cluster: took over a gone node");
+    Ok(())
+}
+
+/// Drains the gone node's inbox for a grace period after its routes were cleared (nodes that
+/// had not applied that yet may still send there), then forgets the node.
+async fn finish(shared: Arc<Shared>, broker: Arc<Broker>, node: String, since: Instant) {
+    let mut conn = shared.conn.clone();
+    let inbox = shared.keys.inbox(&node);
+    let mut late = 0;
+    while since.elapsed() < GRACE {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match drain(&shared, &broker, &mut conn, &inbox, &node).await {
+            Ok(n) => late += n,
+            Err(e) => warn!(%node, "cluster: draining a gone node's inbox: {e}"),
+        }
+    }
+    // The gone node, back meanwhile, keeps its own inbox.
+    if !membership::alive(&shared, &mut conn, &node).await {
+        let mut forget = redis::pipe();
+        forget.cmd("HDEL").arg(shared.keys.nodes()).arg(&node).ignore();
+        forget.cmd("DEL").arg(&inbox).ignore();
+        let _: redis::RedisResult<()> = forget.query_async(&mut conn).await;
+    }
+    let _: redis::RedisResult<()> =
+        redis::cmd("DEL").arg(shared.keys.reaping(&node)).query_async(&mut conn).await;
+    if late > 0 {
+        info!(%node, messages = late, "cluster: messages sent to a gone node after its routes were cleared were delivered");
+    }
+}
+
+/// Routes what waits in a gone node's inbox: the entries it had read but not acknowledged,
+/// then the rest. Returns how many entries there were.
+async fn drain(
+    shared: &Arc<Shared>,
+    broker: &Arc<Broker>,
+    conn: &mut ConnectionManager,
+    inbox: &str,
+    node: &str,
+) -> redis::RedisResult<usize> {
+    let consumer = format!("{}:reaping:{node}", shared.me);
+    let mut total = 0;
+    let mut start = "0-0".to_string();
+    loop {
+        let v: Value = redis::cmd("XAUTOCLAIM")
+            .arg(inbox)
+            .arg(GROUP)
+            .arg(&consumer)
+            .arg(0)
+            .arg(&start)
+            .arg("COUNT")
+            .arg(shared.config.batch)
+            .query_async(conn)
+            .await?;
+        let Value::Array(parts) = &v else { break };
+        let next = parts.first().and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned());
+        let entries = parts.get(1).map(entries_of).unwrap_or_default();
+        total += entries.len();
+        inbox::handle(shared, broker, inbox, entries, false).await;
+        match next {
+            Some(n) if n != "0-0" => start = n,
+            _ => break,
+        }
+    }
+    loop {
+        let v = read_group(conn, inbox, &consumer, ">", shared.config.batch, false).await?;
+        let entries = stream_entries(&v);
+        if entries.is_empty() {
+            break;
+        }
+        total += entries.len();
+        inbox::handle(shared, broker, inbox, entries, false).await;
+    }
+    Ok(total)
+}
