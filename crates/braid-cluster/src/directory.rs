@@ -17,7 +17,7 @@ use braid_broker::directory::Claiming;
 use braid_proto::{ByteString, ReasonCode};
 
 use crate::inbox::wait_durable;
-use crate::redis::{bytes, int};
+use crate::redis::{bytes, int, Conn};
 use crate::store::read_session;
 use crate::wire;
 use crate::{membership, reaper};
@@ -126,12 +126,7 @@ async fn claim(
 
 /// Asks `owner`, if alive, to close `client_id`'s connection and write out its session, and
 /// waits for its answer (at most `cluster.takeover_timeout_ms`): true if it answered.
-async fn request_release(
-    shared: &Shared,
-    conn: &mut redis::aio::ConnectionManager,
-    client_id: &str,
-    owner: &str,
-) -> bool {
+async fn request_release(shared: &Shared, conn: &mut Conn, client_id: &str, owner: &str) -> bool {
     if !membership::alive(shared, conn, owner).await {
         return false;
     }

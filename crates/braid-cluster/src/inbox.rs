@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::redis::Conn;
 use redis::Value;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -48,7 +48,7 @@ impl Seen {
 
 /// Creates `inbox`'s consumer group if it has none (reading from the stream's start: what was
 /// sent while its node was away is delivered).
-pub(crate) async fn create_group(conn: &mut ConnectionManager, inbox: &str) -> Result<(), ClusterError> {
+pub(crate) async fn create_group(conn: &mut Conn, inbox: &str) -> Result<(), ClusterError> {
     let created: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(inbox)
@@ -69,13 +69,13 @@ pub(crate) async fn create_group(conn: &mut ConnectionManager, inbox: &str) -> R
 pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) -> Result<JoinHandle<()>, ClusterError> {
     let inbox = shared.keys.inbox(&shared.me);
     create_group(&mut shared.conn.clone(), &inbox).await?;
-    let reader = shared.redis.manager(Duration::from_secs(5)).await?;
+    let reader = shared.redis.connect(Duration::from_secs(5)).await?;
     Ok(tokio::spawn(read(shared, broker, reader, inbox)))
 }
 
 /// Reads the inbox until the broker shuts down: first what was read before but never
 /// acknowledged (pending), then new entries.
-async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: ConnectionManager, inbox: String) {
+async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: String) {
     let mut pending = true;
     let mut failing = false;
     loop {
@@ -147,7 +147,7 @@ pub(crate) async fn handle(
 /// XREADGROUP of up to `count` entries of `inbox` as consumer `me`, from `from` ("0": those
 /// read before and not acknowledged; ">": new ones, waiting up to a second if `block`).
 pub(crate) async fn read_group(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     inbox: &str,
     me: &str,
     from: &str,

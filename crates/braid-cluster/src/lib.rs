@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ::redis::aio::ConnectionManager;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
@@ -38,6 +37,7 @@ use braid_broker::router::RemoteRef;
 use braid_broker::store::Store;
 use braid_proto::ByteString;
 
+use crate::redis::Conn;
 use keys::Keys;
 use store::{RedisStore, Writer};
 
@@ -70,7 +70,7 @@ struct Shared {
     me: String,
     keys: Keys,
     redis: redis::Redis,
-    conn: ConnectionManager,
+    conn: Conn,
     store: Arc<RedisStore>,
     /// `node@start_ms`: this process among the node's lives.
     incarnation: String,
@@ -91,9 +91,9 @@ impl Node {
     /// out the lease of a previous process of the same name that died) and reads the
     /// retained messages.
     pub async fn connect(config: &ClusterConfig) -> Result<Node, ClusterError> {
-        let redis = redis::Redis::new(&config.redis)?;
+        let redis = redis::Redis::new(&config.redis, &config.ca_file)?;
         let timeout = Duration::from_millis(config.lease_ms / 2).max(Duration::from_secs(1));
-        let mut conn = redis.manager(timeout).await?;
+        let mut conn = redis.connect(timeout).await?;
         ::redis::cmd("PING")
             .query_async::<()>(&mut conn)
             .await

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::redis::Conn;
 use redis::Value;
 use tracing::{error, info, warn};
 
@@ -31,7 +31,7 @@ return 1
 
 /// Takes the lease of `config.node`, waiting up to one lease for a previous holder's to lapse.
 pub(crate) async fn take_lease(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     config: &ClusterConfig,
     incarnation: &str,
@@ -118,34 +118,26 @@ fn stop_serving(shared: &Shared, broker: &Broker) {
 }
 
 /// Renews the lease and the node's entry in the node list.
-async fn renew(shared: &Shared, conn: &mut ConnectionManager) -> redis::RedisResult<bool> {
-    let (renewed, _): (i64, Value) = redis::pipe()
-        .cmd("EVAL")
+async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<bool> {
+    let mut lease = redis::cmd("EVAL");
+    lease
         .arg(RENEW)
         .arg(1)
         .arg(shared.keys.lease(&shared.me))
         .arg(&shared.incarnation)
-        .arg(shared.config.lease_ms)
-        .cmd("HSET")
-        .arg(shared.keys.nodes())
-        .arg(&shared.me)
-        .arg(&shared.incarnation)
-        .query_async(conn)
-        .await?;
-    Ok(renewed == 1)
+        .arg(shared.config.lease_ms);
+    let mut listed = redis::cmd("HSET");
+    listed.arg(shared.keys.nodes()).arg(&shared.me).arg(&shared.incarnation);
+    let replies = conn.run_all(&[lease, listed]).await?;
+    Ok(replies.first().and_then(int) == Some(1))
 }
 
 /// The nodes whose lease is held, sorted.
-pub(crate) async fn live_nodes(
-    shared: &Shared,
-    conn: &mut ConnectionManager,
-) -> redis::RedisResult<Vec<String>> {
+pub(crate) async fn live_nodes(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<Vec<String>> {
     let names: Vec<String> = redis::cmd("HKEYS").arg(shared.keys.nodes()).query_async(conn).await?;
-    let mut pipe = redis::pipe();
-    for n in &names {
-        pipe.cmd("EXISTS").arg(shared.keys.lease(n));
-    }
-    let alive: Vec<Value> = if names.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    let exists: Vec<redis::Cmd> =
+        names.iter().map(|n| redis::cmd("EXISTS").arg(shared.keys.lease(n)).clone()).collect();
+    let alive = if names.is_empty() { Vec::new() } else { conn.run_all(&exists).await? };
     let mut live: Vec<String> =
         names.into_iter().zip(alive).filter(|(_, v)| int(v) == Some(1)).map(|(n, _)| n).collect();
     live.sort();
@@ -153,7 +145,7 @@ pub(crate) async fn live_nodes(
 }
 
 /// True if `node`'s lease is held.
-pub(crate) async fn alive(shared: &Shared, conn: &mut ConnectionManager, node: &str) -> bool {
+pub(crate) async fn alive(shared: &Shared, conn: &mut Conn, node: &str) -> bool {
     let v: redis::RedisResult<Value> = redis::cmd("GET").arg(shared.keys.lease(node)).query_async(conn).await;
     matches!(v, Ok(ref v) if bytes(v).is_some())
 }
@@ -163,7 +155,7 @@ pub(crate) async fn alive(shared: &Shared, conn: &mut ConnectionManager, node: &
 pub(crate) async fn leave(shared: &Shared) {
     let conn = &mut shared.conn.clone();
     let result: redis::RedisResult<()> =
-        redis::pipe().cmd("DEL").arg(shared.keys.lease(&shared.me)).ignore().query_async(conn).await;
+        redis::cmd("DEL").arg(shared.keys.lease(&shared.me)).query_async(conn).await;
     match result {
         Ok(()) => info!(node = %shared.me, "left the cluster"),
         Err(e) => warn!("cluster: could not leave cleanly ({e}); the lease lapses by itself"),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::redis::Conn;
 use redis::Value;
 use tracing::{info, warn};
 
@@ -128,20 +128,11 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
     let _ = create_group(&mut conn, &inbox).await;
     let drained = drain(shared, broker, &mut conn, &inbox, node).await?;
     // Nothing more is routed there once every node has applied this.
-    let mut reset = redis::pipe();
-    reset.cmd("DEL").arg(shared.keys.routes(node)).ignore();
-    reset
-        .cmd("XADD")
-        .arg(shared.keys.route_log())
-        .arg("*")
-        .arg("n")
-        .arg(node)
-        .arg("o")
-        .arg("reset")
-        .arg("f")
-        .arg("")
-        .ignore();
-    reset.query_async::<()>(&mut conn).await?;
+    let mut forget_routes = redis::cmd("DEL");
+    forget_routes.arg(shared.keys.routes(node));
+    let mut logged = redis::cmd("XADD");
+    logged.arg(shared.keys.route_log()).arg("*").arg("n").arg(node).arg("o").arg("reset").arg("f").arg("");
+    conn.run_all(&[forget_routes, logged]).await?;
     info!(%node, sessions, messages = drained, ms = started.elapsed().as_millis() as u64, "cluster: took over a gone node");
     Ok(())
 }
@@ -161,10 +152,11 @@ async fn finish(shared: Arc<Shared>, broker: Arc<Broker>, node: String, since: I
     }
     // The gone node, back meanwhile, keeps its own inbox.
     if !membership::alive(&shared, &mut conn, &node).await {
-        let mut forget = redis::pipe();
-        forget.cmd("HDEL").arg(shared.keys.nodes()).arg(&node).ignore();
-        forget.cmd("DEL").arg(&inbox).ignore();
-        let _: redis::RedisResult<()> = forget.query_async(&mut conn).await;
+        let mut unlisted = redis::cmd("HDEL");
+        unlisted.arg(shared.keys.nodes()).arg(&node);
+        let mut gone = redis::cmd("DEL");
+        gone.arg(&inbox);
+        let _ = conn.run_all(&[unlisted, gone]).await;
     }
     let _: redis::RedisResult<()> =
         redis::cmd("DEL").arg(shared.keys.reaping(&node)).query_async(&mut conn).await;
@@ -178,7 +170,7 @@ async fn finish(shared: Arc<Shared>, broker: Arc<Broker>, node: String, since: I
 async fn drain(
     shared: &Arc<Shared>,
     broker: &Arc<Broker>,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     inbox: &str,
     node: &str,
 ) -> redis::RedisResult<usize> {

@@ -1,55 +1,168 @@
-//! Connections to Redis: one multiplexed connection that reconnects by itself for commands and
-//! pipelines, and dedicated ones for blocking reads (a blocked connection would hold up every
-//! command behind it).
+//! Connections to Redis, one Redis or a Redis Cluster alike: [`Conn`] reconnects by itself and
+//! pipelines concurrent commands. The writer and the lease share one; each blocking reader
+//! has its own (a blocked connection would hold up every command behind it).
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Client;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
 
 use crate::ClusterError;
 
 /// How to reach Redis.
-#[derive(Debug, Clone)]
-pub(crate) struct Redis {
-    client: Client,
-    url: String,
+#[derive(Clone)]
+pub(crate) enum Redis {
+    /// One Redis server.
+    Single(Client, String),
+    /// A Redis Cluster, from its seed URLs.
+    Cluster(ClusterClient, String),
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.display())
+    }
+}
+
+/// A connection to one Redis or to a Redis Cluster.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// To one Redis server.
+    Single(ConnectionManager),
+    /// To a Redis Cluster: commands go to their key's slot.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Conn::Single",
+            Conn::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `cmds` in order and returns their replies: one pipeline on one Redis; on a Redis
+    /// Cluster, whose pipelines must stay on one slot, each command on its own, all in flight
+    /// at once (the commands of one slot still reach it in order).
+    pub(crate) async fn run_all(&mut self, cmds: &[Cmd]) -> redis::RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => {
+                let mut pipe = redis::pipe();
+                for cmd in cmds {
+                    pipe.add_command(cmd.clone());
+                }
+                pipe.query_async(c).await
+            }
+            Conn::Cluster(c) => {
+                let requests = cmds.iter().map(|cmd| {
+                    let mut c = c.clone();
+                    async move { cmd.query_async::<Value>(&mut c).await }
+                });
+                futures_util::future::join_all(requests).await.into_iter().collect()
+            }
+        }
+    }
 }
 
 impl Redis {
-    /// Checks `urls` (one Redis; a Redis Cluster's seed list is not served yet).
-    pub(crate) fn new(urls: &[String]) -> Result<Redis, ClusterError> {
-        let url = match urls {
-            [one] => one.clone(),
-            _ => {
-                return Err(ClusterError::Config(
-                    "cluster.redis: one URL expected (Redis Cluster seed lists are not supported yet)".into(),
-                ))
-            }
+    /// Checks `urls`: one `redis://` or `rediss://` URL, or several (the seed nodes of a Redis
+    /// Cluster). `ca_file`: the CA certificate (PEM) `rediss://` servers are checked against,
+    /// empty for the system's roots.
+    pub(crate) fn new(urls: &[String], ca_file: &str) -> Result<Redis, ClusterError> {
+        let shown = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ");
+        let bad = |e: &dyn std::fmt::Display| ClusterError::Config(format!("cluster.redis: {shown}: {e}"));
+        let certs = match ca_file {
+            "" => None,
+            path => Some(TlsCertificates {
+                client_tls: None,
+                root_cert: Some(
+                    std::fs::read(path)
+                        .map_err(|e| ClusterError::Config(format!("cluster.ca_file: {path}: {e}")))?,
+                ),
+            }),
         };
-        let client = Client::open(url.as_str())
-            .map_err(|e| ClusterError::Config(format!("cluster.redis: {}: {e}", redact(&url))))?;
-        Ok(Redis { client, url })
+        match urls {
+            [] => Err(bad(&"no URL")),
+            [one] => {
+                let client = match certs {
+                    Some(certs) => {
+                        let info = one.as_str().into_connection_info().map_err(|e| bad(&e))?;
+                        Client::build_with_tls(info, certs)
+                    }
+                    None => Client::open(one.as_str()),
+                };
+                Ok(Redis::Single(client.map_err(|e| bad(&e))?, shown))
+            }
+            many => {
+                let mut builder = ClusterClientBuilder::new(many.iter().map(String::as_str))
+                    .connection_timeout(Duration::from_secs(2))
+                    .response_timeout(Duration::from_secs(5))
+                    .retries(3);
+                if let Some(certs) = certs {
+                    builder = builder.certs(certs);
+                }
+                Ok(Redis::Cluster(builder.build().map_err(|e| bad(&e))?, shown))
+            }
+        }
     }
 
-    /// The URL without its password, for logs.
+    /// The URLs without passwords, for logs.
     pub(crate) fn display(&self) -> String {
-        redact(&self.url)
+        match self {
+            Redis::Single(_, shown) | Redis::Cluster(_, shown) => shown.clone(),
+        }
     }
 
-    /// A connection that reconnects with backoff and pipelines concurrent commands; commands
-    /// time out after `timeout`.
-    pub(crate) async fn manager(&self, timeout: Duration) -> Result<ConnectionManager, ClusterError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(2))
-            .set_number_of_retries(1);
-        self.client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| ClusterError::Redis(format!("{}: {e}", self.display())))
+    /// A new connection; on one Redis, its commands time out after `timeout` and it
+    /// reconnects with backoff.
+    pub(crate) async fn connect(&self, timeout: Duration) -> Result<Conn, ClusterError> {
+        let failed = |e: redis::RedisError| ClusterError::Redis(format!("{}: {e}", self.display()));
+        match self {
+            Redis::Single(client, _) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_secs(2))
+                    .set_number_of_retries(1);
+                Ok(Conn::Single(client.get_connection_manager_with_config(config).await.map_err(failed)?))
+            }
+            Redis::Cluster(client, _) => {
+                Ok(Conn::Cluster(client.get_async_connection().await.map_err(failed)?))
+            }
+        }
     }
 }
 
@@ -68,18 +181,18 @@ fn redact(url: &str) -> String {
 }
 
 /// The bytes of a bulk string (or simple string) reply.
-pub(crate) fn bytes(v: &redis::Value) -> Option<&[u8]> {
+pub(crate) fn bytes(v: &Value) -> Option<&[u8]> {
     match v {
-        redis::Value::BulkString(b) => Some(b),
-        redis::Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
         _ => None,
     }
 }
 
 /// An integer reply (or a string holding one).
-pub(crate) fn int(v: &redis::Value) -> Option<i64> {
+pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
-        redis::Value::Int(i) => Some(*i),
+        Value::Int(i) => Some(*i),
         other => std::str::from_utf8(bytes(other)?).ok()?.parse().ok(),
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::redis::Conn;
 use redis::Value;
 use tracing::warn;
 
@@ -21,10 +21,7 @@ use crate::store::pairs;
 use crate::{log_failure, ClusterError, Shared};
 
 /// Every retained message in Redis, and the log position they are as of.
-pub(crate) async fn load(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-) -> Result<(Vec<Arc<Message>>, String), ClusterError> {
+pub(crate) async fn load(conn: &mut Conn, keys: &Keys) -> Result<(Vec<Arc<Message>>, String), ClusterError> {
     let err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
     let from = last_id(conn, &keys.retained_log()).await.map_err(err)?;
     let all: Value = redis::cmd("HGETALL").arg(keys.retained()).query_async(conn).await.map_err(err)?;
@@ -42,7 +39,7 @@ pub(crate) async fn load(
 
 /// Applies the retained log from `from` on, until the broker shuts down.
 pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>, mut from: String) {
-    let Ok(mut conn) = shared.redis.manager(Duration::from_secs(5)).await else {
+    let Ok(mut conn) = shared.redis.connect(Duration::from_secs(5)).await else {
         tracing::error!("cluster: cannot follow retained messages");
         return;
     };

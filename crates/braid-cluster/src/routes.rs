@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::redis::Conn;
 use redis::Value;
 use tokio::sync::mpsc;
 use tracing::debug;
@@ -135,7 +135,7 @@ fn sink(shared: &Arc<Shared>, broker: &Broker, node: &str) -> RemoteRef {
 
 /// Follows the route log; after any failure it reads every node's set afresh.
 pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>) {
-    let mut conn = match shared.redis.manager(Duration::from_secs(5)).await {
+    let mut conn = match shared.redis.connect(Duration::from_secs(5)).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("cluster: cannot follow routes: {e}");
@@ -206,7 +206,7 @@ fn apply(shared: &Arc<Shared>, broker: &Broker, table: &mut Table, fields: &[Val
 /// log from there cannot miss a change).
 async fn snapshot(
     shared: &Shared,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
 ) -> redis::RedisResult<(String, HashMap<String, HashSet<String>>)> {
     let from = last_id(conn, &shared.keys.route_log()).await?;
     let nodes: Vec<String> = redis::cmd("HKEYS").arg(shared.keys.nodes()).query_async(conn).await?;
@@ -220,7 +220,7 @@ async fn snapshot(
 }
 
 /// The id of the last entry of `stream` ("0" if empty).
-pub(crate) async fn last_id(conn: &mut ConnectionManager, stream: &str) -> redis::RedisResult<String> {
+pub(crate) async fn last_id(conn: &mut Conn, stream: &str) -> redis::RedisResult<String> {
     let v: Value =
         redis::cmd("XREVRANGE").arg(stream).arg("+").arg("-").arg("COUNT").arg(1).query_async(conn).await?;
     Ok(match v {
@@ -239,7 +239,7 @@ pub(crate) async fn last_id(conn: &mut ConnectionManager, stream: &str) -> redis
 
 /// Entries of `stream` after `from`, waiting up to a second for some.
 pub(crate) async fn read_log(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     from: &str,
 ) -> redis::RedisResult<Vec<(String, Vec<Value>)>> {

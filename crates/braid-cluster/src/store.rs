@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::redis::Conn;
 use parking_lot::Mutex;
-use redis::aio::ConnectionManager;
 use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, warn};
@@ -277,11 +277,7 @@ impl Writer {
     /// closed. A batch that fails (Redis away) is retried, with backoff, until it succeeds:
     /// every change is idempotent, and a message sent twice is dropped by its receiver.
     /// Client ids whose writes were fenced go to `fenced`.
-    pub(crate) async fn run(
-        mut self,
-        mut conn: ConnectionManager,
-        fenced: mpsc::UnboundedSender<ByteString>,
-    ) {
+    pub(crate) async fn run(mut self, mut conn: Conn, fenced: mpsc::UnboundedSender<ByteString>) {
         let mut jobs = Vec::new();
         loop {
             let Some(first) = self.rx.recv().await else { return };
@@ -292,21 +288,20 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let mut pipe = redis::pipe();
+            let mut batch = Vec::new();
             let mut closing = None;
             let mut last = 0;
             for job in &jobs {
                 match job {
                     Job::Write { ticket, cmds, .. } => {
                         last = *ticket;
-                        for c in cmds {
-                            pipe.add_command(c.clone());
-                        }
+                        batch.extend(cmds.iter().cloned());
                     }
                     Job::Close(tx) => closing = Some(tx.clone()),
                 }
             }
-            let replies = if pipe.is_empty() { Vec::new() } else { write_until_done(&mut conn, &pipe).await };
+            let replies =
+                if batch.is_empty() { Vec::new() } else { write_until_done(&mut conn, &batch).await };
             let mut replies = replies.into_iter();
             for job in jobs.drain(..) {
                 let Job::Write { cmds, reply, .. } = job else { continue };
@@ -334,12 +329,12 @@ impl Writer {
     }
 }
 
-/// Runs `pipe` until Redis answers it.
-async fn write_until_done(conn: &mut ConnectionManager, pipe: &redis::Pipeline) -> Vec<Value> {
+/// Runs `cmds` until Redis answers them all.
+async fn write_until_done(conn: &mut Conn, cmds: &[Cmd]) -> Vec<Value> {
     let mut backoff = Duration::from_millis(50);
     let mut failing = false;
     loop {
-        match pipe.query_async::<Vec<Value>>(conn).await {
+        match conn.run_all(cmds).await {
             Ok(replies) => {
                 if failing {
                     warn!("cluster store: Redis answers again; writes resumed");
