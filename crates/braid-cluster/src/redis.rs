@@ -15,9 +15,9 @@ use crate::ClusterError;
 #[derive(Clone)]
 pub(crate) enum Redis {
     /// One Redis server.
-    Single(Box<Client>, String),
+    Single(Client, String),
     /// A Redis Cluster, from its seed URLs.
-    Cluster(ClusterClient, String),
+    Cluster(Box<ClusterClient>, String),
 }
 
 impl std::fmt::Debug for Redis {
@@ -123,7 +123,7 @@ impl Redis {
                     }
                     None => Client::open(one.as_str()),
                 };
-                Ok(Redis::Single(Box::new(client.map_err(|e| bad(&e))?), shown))
+                Ok(Redis::Single(client.map_err(|e| bad(&e))?, shown))
             }
             many => {
                 let mut builder = ClusterClientBuilder::new(many.iter().map(String::as_str))
@@ -133,7 +133,7 @@ impl Redis {
                 if let Some(certs) = certs {
                     builder = builder.certs(certs);
                 }
-                Ok(Redis::Cluster(builder.build().map_err(|e| bad(&e))?, shown))
+                Ok(Redis::Cluster(Box::new(builder.build().map_err(|e| bad(&e))?), shown))
             }
         }
     }
