@@ -15,7 +15,7 @@ use crate::ClusterError;
 #[derive(Clone)]
 pub(crate) enum Redis {
     /// One Redis server.
-    Single(Client, String),
+    Single(Box<Client>, String),
     /// A Redis Cluster, from its seed URLs.
     Cluster(Box<ClusterClient>, String),
 }
@@ -123,7 +123,7 @@ impl Redis {
                     }
                     None => Client::open(one.as_str()),
                 };
-                Ok(Redis::Single(client.map_err(|e| bad(&e))?, shown))
+                Ok(Redis::Single(Box::new(client.map_err(|e| bad(&e))?), shown))
             }
             many => {
                 let mut builder = ClusterClientBuilder::new(many.iter().map(String::as_str))
