@@ -11,6 +11,9 @@ use braid_proto::ReasonCode;
 /// The future of a claim.
 pub type Claiming<'a> = Pin<Box<dyn Future<Output = Result<(), ReasonCode>> + Send + 'a>>;
 
+/// What a SUBSCRIBE waits for before it is handled.
+pub type Waiting = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
 /// A cluster-wide directory of sessions.
 pub trait Directory: Send + Sync + Debug {
     /// Makes this broker the holder of `client_id`'s session before its CONNECT is accepted:
@@ -19,4 +22,12 @@ pub trait Directory: Send + Sync + Debug {
     /// is the CONNACK reason to refuse with: 0x9C while this node must not serve (cut off
     /// from the cluster), 0x88 when the claim failed.
     fn claim<'a>(&'a self, client_id: &'a str, clean_start: bool) -> Claiming<'a>;
+
+    /// What a SUBSCRIBE must wait for before it is handled, if anything: until this broker has
+    /// what the cluster stored before it arrived (retained messages another node acknowledged).
+    fn before_subscribe(&self) -> Option<Waiting>;
+
+    /// `client_id`'s session ended here (its expiry passed, or it was not persistent and its
+    /// connection closed): the claim may go.
+    fn ended(&self, client_id: &str);
 }

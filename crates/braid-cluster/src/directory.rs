@@ -13,14 +13,14 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use braid_broker::broker::Broker;
-use braid_broker::directory::Claiming;
+use braid_broker::directory::{Claiming, Waiting};
 use braid_proto::{ByteString, ReasonCode};
 
 use crate::inbox::wait_durable;
 use crate::redis::{bytes, int, Conn};
 use crate::store::read_session;
 use crate::wire;
-use crate::{membership, reaper};
+use crate::{membership, reaper, retained};
 use crate::{ClusterError, Shared};
 
 /// Raises the epoch and takes ownership; with ARGV[2] = 1 (clean start) the old session's
@@ -29,11 +29,20 @@ const CLAIM: &str = r#"
 local prev = redis.call('HGET', KEYS[1], 'owner') or ''
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1])
+redis.call('PERSIST', KEYS[1])
 if ARGV[2] == '1' then
   redis.call('HDEL', KEYS[1], 'record')
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 end
 return {epoch, prev}
+"#;
+
+/// A session of ARGV[1] ended: its ownership record (epoch and owner) expires in a day unless
+/// the client id is claimed again (the claim keeps it). It is not removed at once: a claim of
+/// the same client id may be under way, and the epoch fences nodes that missed the end.
+const ENDED: &str = r#"
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('PEXPIRE', KEYS[1], 86400000) end
+return 1
 "#;
 
 /// The cluster's [`braid_broker::directory::Directory`].
@@ -61,6 +70,17 @@ impl braid_broker::directory::Directory for Directory {
                 ReasonCode::ServerUnavailable
             })
         })
+    }
+
+    fn before_subscribe(&self) -> Option<Waiting> {
+        Some(Box::pin(retained::caught_up(self.shared.clone())))
+    }
+
+    fn ended(&self, client_id: &str) {
+        let mut ended = redis::cmd("EVAL");
+        ended.arg(ENDED).arg(1).arg(&self.shared.keys.session(client_id).meta).arg(&self.shared.me);
+        // After the session's own writes, in order.
+        self.shared.store.submit_cmds(vec![ended]);
     }
 }
 
@@ -147,8 +167,9 @@ async fn request_release(shared: &Shared, conn: &mut Conn, client_id: &str, owne
     true
 }
 
-/// Reads `client_id`'s session from Redis and has the broker adopt it.
-pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> Result<(), ClusterError> {
+/// Reads `client_id`'s session from Redis and has the broker adopt it: false if Redis has no
+/// session (it ended).
+pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> Result<bool, ClusterError> {
     let keys = shared.keys.session(client_id);
     let mut conn = shared.conn.clone();
     let replies: Vec<Value> = redis::pipe()
@@ -167,11 +188,11 @@ pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> 
     let Some(session) =
         read_session(client_id, &replies[0], &replies[1..3], &replies[3]).map_err(ClusterError::Redis)?
     else {
-        return Ok(());
+        return Ok(false);
     };
     let id = broker.adopt(session, Instant::now());
     shared.store.bind(id, client_id);
-    Ok(())
+    Ok(true)
 }
 
 /// Takes in, at start, the sessions Redis says this node holds (it stopped or died with
@@ -193,20 +214,19 @@ pub(crate) async fn adopt_owned(shared: &Arc<Shared>, broker: &Arc<Broker>) -> R
             .query_async(&mut conn)
             .await
             .map_err(|e| ClusterError::Redis(e.to_string()))?;
-        match meta {
-            (Some(owner), Some(epoch)) if owner == shared.me => {
-                shared.store.set_epoch(&client_id, epoch);
-                adopt(shared, broker, &client_id).await?;
+        let mine = matches!(&meta, (Some(owner), Some(_)) if *owner == shared.me);
+        if let (true, Some(epoch)) = (mine, meta.1) {
+            shared.store.set_epoch(&client_id, epoch);
+            if adopt(shared, broker, &client_id).await? {
                 adopted += 1;
-            }
-            _ => {
-                let _: redis::RedisResult<()> = redis::cmd("SREM")
-                    .arg(shared.keys.owned(&shared.me))
-                    .arg(&client_id)
-                    .query_async(&mut conn)
-                    .await;
+                continue;
             }
         }
+        let _: redis::RedisResult<()> = redis::cmd("SREM")
+            .arg(shared.keys.owned(&shared.me))
+            .arg(&client_id)
+            .query_async(&mut conn)
+            .await;
     }
     if adopted > 0 {
         info!(sessions = adopted, "cluster: took back the sessions this node held");

@@ -82,6 +82,8 @@ struct Shared {
     sinks: Mutex<HashMap<String, RemoteRef>>,
     /// Takeovers of gone nodes draining their inbox now: handovers wait for none to be left.
     reaping: tokio::sync::watch::Sender<usize>,
+    /// The position in the retained log this node has applied.
+    retained_applied: tokio::sync::watch::Sender<(u64, u64)>,
     /// Handovers this node waits for, by client id.
     handovers: Mutex<HashMap<ByteString, oneshot::Sender<()>>>,
 }
@@ -118,6 +120,7 @@ impl Node {
             sinks: Mutex::new(HashMap::new()),
             handovers: Mutex::new(HashMap::new()),
             reaping: tokio::sync::watch::Sender::new(0),
+            retained_applied: tokio::sync::watch::Sender::new((0, 0)),
         });
         Ok(Node { shared, writer, retained_from })
     }

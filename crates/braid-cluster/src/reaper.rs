@@ -109,17 +109,18 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
             .await?;
         if epoch > 0 {
             shared.store.set_epoch(client_id, epoch as u64);
-            let _: () = redis::cmd("SADD")
-                .arg(shared.keys.owned(&shared.me))
-                .arg(client_id)
-                .query_async(&mut conn)
-                .await?;
-            if !broker.has_session(client_id) {
-                directory::adopt(shared, broker, client_id).await.map_err(|e| {
+            let adopted = broker.has_session(client_id)
+                || directory::adopt(shared, broker, client_id).await.map_err(|e| {
                     redis::RedisError::from((redis::ErrorKind::Client, "adopting a session", e.to_string()))
                 })?;
+            if adopted {
+                let _: () = redis::cmd("SADD")
+                    .arg(shared.keys.owned(&shared.me))
+                    .arg(client_id)
+                    .query_async(&mut conn)
+                    .await?;
+                sessions += 1;
             }
-            sessions += 1;
         }
         let _: () =
             redis::cmd("SREM").arg(shared.keys.owned(node)).arg(client_id).query_async(&mut conn).await?;

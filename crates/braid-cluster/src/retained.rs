@@ -37,8 +37,27 @@ pub(crate) async fn load(conn: &mut Conn, keys: &Keys) -> Result<(Vec<Arc<Messag
     Ok((out, from))
 }
 
+/// A stream entry id as numbers, to compare.
+pub(crate) fn position(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+/// Waits until this node has applied every retained change Redis had when called (at most
+/// a few seconds: with Redis away, a SUBSCRIBE goes on with what this node has).
+pub(crate) async fn caught_up(shared: Arc<Shared>) {
+    let mut conn = shared.conn.clone();
+    let wait = async {
+        let Ok(last) = last_id(&mut conn, &shared.keys.retained_log()).await else { return };
+        let target = position(&last);
+        let _ = shared.retained_applied.subscribe().wait_for(|applied| *applied >= target).await;
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(3), wait).await;
+}
+
 /// Applies the retained log from `from` on, until the broker shuts down.
 pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>, mut from: String) {
+    shared.retained_applied.send_replace(position(&from));
     let Ok(mut conn) = shared.redis.connect(Duration::from_secs(5)).await else {
         tracing::error!("cluster: cannot follow retained messages");
         return;
@@ -57,6 +76,7 @@ pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>, mut from: S
                     apply(&broker, &fields);
                     from = id;
                 }
+                shared.retained_applied.send_replace(position(&from));
             }
             Err(e) => {
                 log_failure("following retained messages", &mut failing, &e);

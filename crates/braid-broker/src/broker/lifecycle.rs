@@ -121,14 +121,19 @@ impl Broker {
     /// Removes the session from the registry (if it is still the registered one) and its
     /// subscriptions from the router.
     fn end_session(&self, session: &Arc<Session>) {
-        {
+        let registered = {
             let mut sessions = self.sessions.lock();
-            if sessions.get(&*session.client_id).is_some_and(|s| Arc::ptr_eq(&s.0, session)) {
+            let registered = sessions.get(&*session.client_id).is_some_and(|s| Arc::ptr_eq(&s.0, session));
+            if registered {
                 sessions.remove(&*session.client_id);
             }
-        }
+            registered
+        };
         self.drop_subscriptions(session);
         session.lock().forget();
+        if let (true, Some(directory)) = (registered, self.directory()) {
+            directory.ended(&session.client_id);
+        }
     }
 
     pub(super) fn drop_subscriptions(&self, session: &Session) {

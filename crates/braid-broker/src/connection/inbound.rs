@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use braid_proto::{
     decode, encode, Ack, ByteString, BytesMut, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReadBuffer,
-    ReasonCode,
+    ReasonCode, SubAck, Subscribe,
 };
 
 use super::receive_window::WindowShare;
 use crate::auth::ConnectionAcl;
 use crate::broker::{Broker, Ending, Holder};
 use crate::config::DeniedPublish;
+use crate::directory::Waiting;
 use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
@@ -50,8 +51,11 @@ pub(crate) struct Inbound<'a> {
     acl: ConnectionAcl<'a>,
     /// The client's publish rate.
     limiter: PublishLimiter,
-    /// Not reading from the client: over its publish rate, or the memory alarm is raised.
+    /// Not reading from the client: over its publish rate, the memory alarm is raised, or a
+    /// SUBSCRIBE waits for the cluster.
     pause: Option<Pause>,
+    /// The SUBSCRIBE that waits for the cluster, handled when the pause ends.
+    deferred: Option<Subscribe>,
     /// The stream this state reads (QUIC); subscriptions made here deliver on it.
     stream: StreamTag,
     /// Inbound QoS 2 ids of a QUIC data stream, whose packet ids are its own; `None` uses the
@@ -63,12 +67,24 @@ pub(crate) struct Inbound<'a> {
 }
 
 /// Why a connection is not read from, though no acknowledgement is held.
-#[derive(Debug, Clone, Copy)]
 enum Pause {
     /// Over its publish rate: until then.
     Until(Instant),
     /// The memory alarm is raised: until it clears.
     Memory,
+    /// A SUBSCRIBE (in `deferred`) waits for the cluster (see
+    /// [`crate::directory::Directory::before_subscribe`]).
+    Cluster(Waiting),
+}
+
+impl std::fmt::Debug for Pause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pause::Until(t) => write!(f, "Until({t:?})"),
+            Pause::Memory => f.write_str("Memory"),
+            Pause::Cluster(_) => f.write_str("Cluster"),
+        }
+    }
 }
 
 /// Acknowledgements waiting for the store's group commit.
@@ -100,6 +116,7 @@ impl<'a> Inbound<'a> {
             acl,
             limiter,
             pause: None,
+            deferred: None,
             stream: StreamTag::default(),
             stream_qos2: None,
             window: WindowShare::default(),
@@ -186,6 +203,10 @@ impl<'a> Inbound<'a> {
         mut check: impl FnMut(&Packet) -> Option<Flow>,
     ) -> Flow {
         let max = self.broker.config.mqtt.max_packet_size;
+        if let (false, Some(s)) = (self.is_held(), self.deferred.take()) {
+            let ack = self.subscribe(s, now);
+            self.reply(&Packet::SubAck(ack), out);
+        }
         loop {
             if self.is_held() {
                 return Flow::Continue;
@@ -248,15 +269,13 @@ impl<'a> Inbound<'a> {
                 None
             }
             Packet::Subscribe(s) => {
-                self.transmit = true;
-                Some(Packet::SubAck(self.broker.subscribe(
-                    &self.session,
-                    self.version,
-                    s,
-                    &mut self.acl,
-                    self.stream,
-                    now,
-                )))
+                // In a cluster, first what other nodes stored is caught up with (retained).
+                if let Some(waiting) = self.broker.directory().and_then(|d| d.before_subscribe()) {
+                    self.pause = Some(Pause::Cluster(waiting));
+                    self.deferred = Some(s);
+                    return Flow::Continue;
+                }
+                Some(Packet::SubAck(self.subscribe(s, now)))
             }
             Packet::Unsubscribe(u) => {
                 Some(Packet::UnsubAck(self.broker.unsubscribe(&self.session, self.version, u, now)))
@@ -276,6 +295,11 @@ impl<'a> Inbound<'a> {
             self.reply(&p, out);
         }
         Flow::Continue
+    }
+
+    fn subscribe(&mut self, s: Subscribe, now: Instant) -> SubAck {
+        self.transmit = true;
+        self.broker.subscribe(&self.session, self.version, s, &mut self.acl, self.stream, now)
     }
 
     /// Encodes a reply to the client into `out`.
@@ -482,12 +506,13 @@ async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> 
     }
 }
 
-/// Waits until a pause ends (the publish rate allows more, or the memory alarm clears), then
-/// clears it. Cancel-safe; never resolves without a pause.
+/// Waits until a pause ends (the publish rate allows more, the memory alarm clears, or the
+/// cluster has caught up), then clears it. Cancel-safe; never resolves without a pause.
 async fn pause_ended(pause: &mut Option<Pause>, broker: &Broker) {
-    match *pause {
-        Some(Pause::Until(t)) => tokio::time::sleep_until(t.into()).await,
+    match pause {
+        Some(Pause::Until(t)) => tokio::time::sleep_until((*t).into()).await,
         Some(Pause::Memory) => broker.memory.wait_cleared().await,
+        Some(Pause::Cluster(waiting)) => waiting.await,
         None => std::future::pending().await,
     }
     *pause = None;
