@@ -185,13 +185,14 @@ pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> 
         .query_async(&mut conn)
         .await
         .map_err(|e| ClusterError::Redis(e.to_string()))?;
-    let Some(session) =
+    let Some(mut session) =
         read_session(client_id, &replies[0], &replies[1..3], &replies[3]).map_err(ClusterError::Redis)?
     else {
         return Ok(false);
     };
-    let id = broker.adopt(session, Instant::now());
-    shared.store.bind(id, client_id);
+    session.record.id = broker.new_session_id();
+    shared.store.bind(session.record.id, client_id);
+    broker.adopt(session, Instant::now());
     Ok(true)
 }
 

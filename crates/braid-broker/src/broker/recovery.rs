@@ -32,14 +32,17 @@ impl Broker {
         }
     }
 
-    /// Takes in `session`, handed over by another node of a cluster (its record's `id` is
-    /// replaced by one of this broker's), as an offline persistent session whose deliveries
-    /// the store keeps; its subscriptions route to it from now on. Returns its id here.
-    pub fn adopt(&self, mut session: RecoveredSession, now: Instant) -> u64 {
-        let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-        session.record.id = id;
+    /// A session id no session of this broker has, for [`Broker::adopt`].
+    pub fn new_session_id(&self) -> u64 {
+        self.next_session_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes in `session`, handed over by another node of a cluster, as an offline persistent
+    /// session whose deliveries the store keeps; its subscriptions route to it from now on.
+    /// Its record's `id` must come from [`Broker::new_session_id`] (the store may have to know
+    /// it first: its will or its end may be due at once).
+    pub fn adopt(&self, session: RecoveredSession, now: Instant) {
         self.restore_session(session, self.unix_secs(now), now);
-        id
     }
 
     /// Puts a session the store kept into the registry and its subscriptions into the router;
