@@ -26,6 +26,18 @@ pub struct Message {
     pub origin: u64,
     /// Client id of the publisher (for the `hash_clientid` shared strategy); empty for the broker.
     pub origin_client: ByteString,
+    /// For a message another node of a cluster forwarded: who sent it and its number there,
+    /// kept when it is passed on again, so that a node that gets it twice knows.
+    pub remote_id: Option<RemoteId>,
+}
+
+/// A message's identity across the nodes of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RemoteId {
+    /// The node (and its incarnation) that first forwarded it.
+    pub sender: Arc<str>,
+    /// Its number among the messages that node forwarded.
+    pub number: u64,
 }
 
 impl Message {
@@ -55,6 +67,7 @@ impl Message {
             expires_at,
             origin,
             origin_client,
+            remote_id: None,
         })
     }
 
@@ -69,6 +82,7 @@ impl Message {
             expires_at: None,
             origin: 0,
             origin_client: ByteString::new(),
+            remote_id: None,
         })
     }
 

@@ -13,14 +13,14 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use braid_broker::broker::Broker;
-use braid_broker::directory::{Claiming, Waiting};
+use braid_broker::directory::{self as seam, Waiting};
 use braid_proto::{ByteString, ReasonCode};
 
 use crate::inbox::wait_durable;
 use crate::redis::{bytes, int, Conn};
 use crate::store::read_session;
 use crate::wire;
-use crate::{membership, reaper, retained};
+use crate::{membership, reaper, retained, routes};
 use crate::{ClusterError, Shared};
 
 /// Raises the epoch and takes ownership; with ARGV[2] = 1 (clean start) the old session's
@@ -59,7 +59,7 @@ impl Directory {
 }
 
 impl braid_broker::directory::Directory for Directory {
-    fn claim<'a>(&'a self, client_id: &'a str, clean_start: bool) -> Claiming<'a> {
+    fn claim<'a>(&'a self, client_id: &'a str, clean_start: bool) -> seam::Claiming<'a> {
         Box::pin(async move {
             if !self.shared.serving() {
                 return Err(ReasonCode::UseAnotherServer);
@@ -95,22 +95,26 @@ async fn claim(
     let keys = shared.keys.session(client_id);
     let deadline = Instant::now()
         + Duration::from_millis(3 * shared.config.lease_ms + shared.config.takeover_timeout_ms);
+    // From the request to another node to the adoption, what that node relays here waits.
+    let mut claiming = None;
     loop {
         let owner: Option<String> =
             redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
         let Some(owner) = owner.filter(|o| *o != shared.me) else { break };
+        claiming = Some(Claiming::new(shared));
         if request_release(shared, &mut conn, client_id, &owner).await || Instant::now() > deadline {
             break;
         }
+        // Not while waiting for a gone node's lease to lapse.
+        claiming = None;
         // The holder is gone: once its lease has lapsed, its sessions and inbox are taken
         // over (by this node, or by the one already doing it), then the session is asked
         // for again.
-        if !membership::alive(shared, &mut conn, &owner).await
-            && reaper::take_over(shared, broker, &owner).await.map_err(err)?
-        {
-            continue;
+        let taken_over = !membership::alive(shared, &mut conn, &owner).await
+            && reaper::take_over(shared, broker, &owner).await.map_err(err)?;
+        if !taken_over {
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let reply: Vec<Value> = redis::cmd("EVAL")
         .arg(CLAIM)
@@ -141,7 +145,24 @@ async fn claim(
     if !clean && !broker.has_session(client_id) {
         adopt(shared, broker, client_id).await?;
     }
+    drop(claiming);
     Ok(())
+}
+
+/// Counts a claim under way (see `Shared::claiming`) while it lives.
+struct Claiming<'a>(&'a Shared);
+
+impl<'a> Claiming<'a> {
+    fn new(shared: &'a Shared) -> Claiming<'a> {
+        shared.claiming.send_modify(|n| *n += 1);
+        Claiming(shared)
+    }
+}
+
+impl Drop for Claiming<'_> {
+    fn drop(&mut self) {
+        self.0.claiming.send_modify(|n| *n -= 1);
+    }
 }
 
 /// Asks `owner`, if alive, to close `client_id`'s connection and write out its session, and
@@ -240,7 +261,9 @@ pub(crate) async fn adopt_owned(shared: &Arc<Shared>, broker: &Arc<Broker>) -> R
 pub(crate) async fn hand_over(shared: Arc<Shared>, broker: Arc<Broker>, client_id: ByteString, to: String) {
     // A session taken from a gone node goes on only with what that node's inbox held for it.
     let _ = shared.reaping.subscribe().wait_for(|n| *n == 0).await;
-    if let Some(ticket) = broker.release(&client_id, Instant::now()) {
+    let relay = routes::relay_sink(&shared, &broker, &to);
+    if let Some((ticket, filters)) = broker.release(&client_id, Instant::now(), Some(&relay)) {
+        routes::relaying(&shared, &broker, &to, filters.iter().map(|f| f.to_string()).collect());
         wait_durable(&*shared.store, ticket).await;
         info!(%client_id, node = %to, "cluster: session handed over");
     }
@@ -258,7 +281,7 @@ pub(crate) async fn release_fenced(
     mut fenced: mpsc::UnboundedReceiver<ByteString>,
 ) {
     while let Some(client_id) = fenced.recv().await {
-        if broker.release(&client_id, Instant::now()).is_some() {
+        if broker.release(&client_id, Instant::now(), None).is_some() {
             warn!(%client_id, "cluster: another node owns this session now; its connection here is closed");
         }
         shared.store.unbind(&client_id);

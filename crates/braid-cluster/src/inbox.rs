@@ -16,6 +16,8 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use braid_broker::broker::Broker;
+use braid_broker::message::{Message, RemoteId};
+use braid_broker::router::Scope;
 use braid_broker::store::Store;
 
 use crate::routes::stream_entries;
@@ -31,14 +33,14 @@ const REMEMBERED: usize = 1 << 16;
 /// The messages received lately, by sender incarnation.
 #[derive(Debug, Default)]
 pub(crate) struct Seen {
-    by_sender: HashMap<String, BTreeSet<u64>>,
+    by_sender: HashMap<Arc<str>, BTreeSet<u64>>,
 }
 
 impl Seen {
-    /// True the first time `n` from `sender` is offered.
-    fn first(&mut self, sender: String, n: u64) -> bool {
-        let numbers = self.by_sender.entry(sender).or_default();
-        let new = numbers.insert(n);
+    /// True the first time `id` is offered.
+    fn first(&mut self, id: &RemoteId) -> bool {
+        let numbers = self.by_sender.entry(id.sender.clone()).or_default();
+        let new = numbers.insert(id.number);
         if numbers.len() > REMEMBERED {
             numbers.pop_first();
         }
@@ -73,15 +75,32 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) -> Result<Join
     Ok(tokio::spawn(read(shared, broker, reader, inbox)))
 }
 
+/// Entries read and not acknowledged yet: the messages wait here while a takeover is under
+/// way on this node (they may be for the session it takes in).
+#[derive(Debug, Default)]
+pub(crate) struct Backlog {
+    ids: Vec<String>,
+    messages: Vec<(Arc<Message>, Scope)>,
+}
+
 /// Reads the inbox until the broker shuts down: first what was read before but never
-/// acknowledged (pending), then new entries.
+/// acknowledged (pending), then new entries. Handover requests and answers are acted on as
+/// they come; messages are routed when no claim is under way here.
 async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: String) {
     let mut pending = true;
     let mut failing = false;
+    let mut backlog = Backlog::default();
+    let claiming = shared.claiming.subscribe();
     loop {
+        if !backlog.ids.is_empty() && *claiming.borrow() == 0 {
+            route(&shared, &broker, &inbox, &mut backlog).await;
+        }
         let from = if pending { "0" } else { ">" };
+        // A read in flight is never dropped (what it took would stay pending unread): while
+        // messages wait for a claim, reads wait briefly, to see the claim end soon.
+        let block = if backlog.ids.is_empty() { 1000 } else { 10 };
         let read = tokio::select! {
-            r = read_group(&mut conn, &inbox, &shared.me, from, shared.config.batch, true) => r,
+            r = read_group(&mut conn, &inbox, &shared.me, from, shared.config.batch, Some(block)) => r,
             _ = broker.shutdown.cancelled() => return,
         };
         let entries = match read {
@@ -93,6 +112,7 @@ async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: S
                 log_failure("reading the inbox", &mut failing, &e);
                 // After a reconnect, what was read but not acknowledged is read again.
                 pending = true;
+                backlog = Backlog::default();
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -101,33 +121,23 @@ async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: S
             pending = false;
             continue;
         }
-        handle(&shared, &broker, &inbox, entries, true).await;
+        take_in(&shared, &broker, entries, true, &mut backlog);
     }
 }
 
-/// Routes the messages of `entries` (read from `inbox`) and, if `answer`, acts on the
-/// handover requests and answers among them; acknowledges and deletes them all once what
-/// they queued is durable.
-pub(crate) async fn handle(
+/// Adds `entries` to `backlog`; if `answer` (this node's own inbox), acts on the handover
+/// requests and answers among them.
+pub(crate) fn take_in(
     shared: &Arc<Shared>,
     broker: &Arc<Broker>,
-    inbox: &str,
     entries: Vec<(String, Vec<Value>)>,
     answer: bool,
+    backlog: &mut Backlog,
 ) {
-    let mut ticket = 0;
-    let mut ids = Vec::with_capacity(entries.len());
     for (id, fields) in entries {
-        ids.push(id);
+        backlog.ids.push(id);
         match wire::read(&fields) {
-            Ok(Entry::Message { msg, scope, origin: (from, n) }) => {
-                if !shared.seen.lock().first(from, n) {
-                    debug!(n, "cluster: a message received twice is dropped");
-                    continue;
-                }
-                let published = broker.publish_forwarded(msg, &scope, Instant::now());
-                ticket = ticket.max(published.ticket);
-            }
+            Ok(Entry::Message { msg, scope }) => backlog.messages.push((msg, scope)),
             Ok(Entry::Release { client_id, from }) if answer => {
                 tokio::spawn(directory::hand_over(shared.clone(), broker.clone(), client_id, from));
             }
@@ -140,24 +150,39 @@ pub(crate) async fn handle(
             Err(e) => warn!("cluster: an unreadable inbox entry is skipped: {e}"),
         }
     }
+}
+
+/// Routes the messages of `backlog` (read from `inbox`), those received before excepted, and
+/// acknowledges and deletes its entries once what they queued is durable.
+pub(crate) async fn route(shared: &Shared, broker: &Broker, inbox: &str, backlog: &mut Backlog) {
+    let mut ticket = 0;
+    for (msg, scope) in backlog.messages.drain(..) {
+        if msg.remote_id.as_ref().is_some_and(|id| !shared.seen.lock().first(id)) {
+            debug!("cluster: a message received twice is dropped");
+            continue;
+        }
+        let published = broker.publish_forwarded(msg, &scope, Instant::now());
+        ticket = ticket.max(published.ticket);
+    }
     wait_durable(&*shared.store, ticket).await;
-    acknowledge(shared, inbox, &ids).await;
+    acknowledge(shared, inbox, &backlog.ids).await;
+    backlog.ids.clear();
 }
 
 /// XREADGROUP of up to `count` entries of `inbox` as consumer `me`, from `from` ("0": those
-/// read before and not acknowledged; ">": new ones, waiting up to a second if `block`).
+/// read before and not acknowledged; ">": new ones, waiting up to `block` ms for some).
 pub(crate) async fn read_group(
     conn: &mut Conn,
     inbox: &str,
     me: &str,
     from: &str,
     count: usize,
-    block: bool,
+    block: Option<u64>,
 ) -> redis::RedisResult<Value> {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP").arg(GROUP).arg(me).arg("COUNT").arg(count);
-    if from == ">" && block {
-        cmd.arg("BLOCK").arg(1000);
+    if let (">", Some(ms)) = (from, block) {
+        cmd.arg("BLOCK").arg(ms);
     }
     cmd.arg("STREAMS").arg(inbox).arg(from);
     cmd.query_async(conn).await

@@ -78,8 +78,13 @@ struct Shared {
     seen: Mutex<inbox::Seen>,
     /// False while this node may not serve (cut off from Redis past its lease).
     serving: AtomicBool,
-    /// A remote subscriber for each other node.
-    sinks: Mutex<HashMap<String, RemoteRef>>,
+    /// A remote subscriber for each other node: by its routes, and as a relay.
+    sinks: Mutex<HashMap<(String, bool), RemoteRef>>,
+    /// Claims under way here: this node's inbox routes nothing meanwhile.
+    claiming: tokio::sync::watch::Sender<usize>,
+    /// Relays to the node each session this node let go of moved to, with how many sessions
+    /// of the same filter still relay (see [`routes::relay`]).
+    relays: Mutex<HashMap<(String, String), usize>>,
     /// Takeovers of gone nodes draining their inbox now: handovers wait for none to be left.
     reaping: tokio::sync::watch::Sender<usize>,
     /// The position in the retained log this node has applied.
@@ -120,6 +125,8 @@ impl Node {
             sinks: Mutex::new(HashMap::new()),
             handovers: Mutex::new(HashMap::new()),
             reaping: tokio::sync::watch::Sender::new(0),
+            claiming: tokio::sync::watch::Sender::new(0),
+            relays: Mutex::new(HashMap::new()),
             retained_applied: tokio::sync::watch::Sender::new((0, 0)),
         });
         Ok(Node { shared, writer, retained_from })

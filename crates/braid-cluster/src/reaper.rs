@@ -193,20 +193,24 @@ async fn drain(
         let next = parts.first().and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned());
         let entries = parts.get(1).map(entries_of).unwrap_or_default();
         total += entries.len();
-        inbox::handle(shared, broker, inbox, entries, false).await;
+        let mut backlog = inbox::Backlog::default();
+        inbox::take_in(shared, broker, entries, false, &mut backlog);
+        inbox::route(shared, broker, inbox, &mut backlog).await;
         match next {
             Some(n) if n != "0-0" => start = n,
             _ => break,
         }
     }
     loop {
-        let v = read_group(conn, inbox, &consumer, ">", shared.config.batch, false).await?;
+        let v = read_group(conn, inbox, &consumer, ">", shared.config.batch, None).await?;
         let entries = stream_entries(&v);
         if entries.is_empty() {
             break;
         }
         total += entries.len();
-        inbox::handle(shared, broker, inbox, entries, false).await;
+        let mut backlog = inbox::Backlog::default();
+        inbox::take_in(shared, broker, entries, false, &mut backlog);
+        inbox::route(shared, broker, inbox, &mut backlog).await;
     }
     Ok(total)
 }

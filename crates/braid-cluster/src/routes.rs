@@ -22,14 +22,20 @@ use crate::redis::bytes;
 use crate::{log_failure, Shared};
 
 /// The remote subscriber that stands for another node: what it is sent goes to that node's
-/// inbox through the store's writer, so the publisher's acknowledgement waits for Redis.
+/// inbox through the store's writer, so the publisher's acknowledgement waits for Redis. A
+/// relay (see [`relay`]) also passes on what other nodes forwarded here.
 #[derive(Debug)]
 pub(crate) struct NodeSink {
     shared: Arc<Shared>,
     node: String,
+    relay: bool,
 }
 
 impl RemoteSink for NodeSink {
+    fn relays(&self) -> bool {
+        self.relay
+    }
+
     fn deliver(&self, fwd: Forward, _now: Instant) -> (Enqueued, Ticket) {
         // A node's own `$SYS` values stay on it.
         if fwd.msg.origin == 0 && fwd.msg.topic.starts_with("$SYS/") {
@@ -123,14 +129,51 @@ fn everything() -> SubscriptionOptions {
 
 /// The remote subscriber for `node`, made on first use.
 fn sink(shared: &Arc<Shared>, broker: &Broker, node: &str) -> RemoteRef {
-    shared
-        .sinks
-        .lock()
-        .entry(node.to_string())
-        .or_insert_with(|| {
-            broker.remote_sink(Arc::new(NodeSink { shared: shared.clone(), node: node.to_string() }))
-        })
-        .clone()
+    node_sink(shared, broker, node, false)
+}
+
+fn node_sink(shared: &Arc<Shared>, broker: &Broker, node: &str, relay: bool) -> RemoteRef {
+    let make =
+        || broker.remote_sink(Arc::new(NodeSink { shared: shared.clone(), node: node.to_string(), relay }));
+    shared.sinks.lock().entry((node.to_string(), relay)).or_insert_with(make).clone()
+}
+
+/// The relay to `node`: what a session that moved there subscribed to, published here or
+/// forwarded here by nodes that do not know of the move yet, is passed on to `node`, which
+/// drops what it got twice.
+pub(crate) fn relay_sink(shared: &Arc<Shared>, broker: &Broker, node: &str) -> RemoteRef {
+    node_sink(shared, broker, node, true)
+}
+
+/// `filters` now relay to `node` (see [`Broker::release`]): for one lease, by when every node
+/// routes by the session's new place.
+pub(crate) fn relaying(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str, filters: Vec<String>) {
+    if filters.is_empty() {
+        return;
+    }
+    let sink = relay_sink(shared, broker, node);
+    {
+        let mut relays = shared.relays.lock();
+        for f in &filters {
+            *relays.entry((node.to_string(), f.clone())).or_default() += 1;
+        }
+    }
+    let (shared, broker, node) = (shared.clone(), broker.clone(), node.to_string());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(shared.config.lease_ms)).await;
+        let mut relays = shared.relays.lock();
+        for f in filters {
+            let key = (node.clone(), f);
+            let left = relays.get_mut(&key).map(|n| {
+                *n -= 1;
+                *n
+            });
+            if left == Some(0) {
+                relays.remove(&key);
+                broker.unsubscribe_remote(&sink, &key.1);
+            }
+        }
+    });
 }
 
 /// Follows the route log; after any failure it reads every node's set afresh.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use redis::{Cmd, Value};
 
-use braid_broker::message::Message;
+use braid_broker::message::{Message, RemoteId};
 use braid_broker::router::{Forward, Scope};
 use braid_broker::store::codec;
 use braid_proto::ByteString;
@@ -17,12 +17,10 @@ use crate::redis::bytes;
 pub(crate) enum Entry {
     /// A message to route to this node's sessions.
     Message {
-        /// The message (its publisher's client id set).
+        /// The message (its publisher's client id and its remote id set).
         msg: Arc<Message>,
         /// Which subscriptions it is for.
         scope: Scope,
-        /// The sender's incarnation and the message's number there.
-        origin: (String, u64),
     },
     /// Another node claims `client_id`: close its connection here and hand its session over.
     Release { client_id: ByteString, from: String },
@@ -33,6 +31,11 @@ pub(crate) enum Entry {
 /// XADD of `fwd` to `inbox`, from `incarnation` (`node@start_ms`: with the message's number
 /// there, what a receiver recognises a message it got twice by).
 pub(crate) fn message_cmd(inbox: &str, incarnation: &str, fwd: &Forward) -> Cmd {
+    // A message passed on again keeps the identity it came with.
+    let (sender, n) = match &fwd.msg.remote_id {
+        Some(id) => (&*id.sender, id.number),
+        None => (incarnation, fwd.id),
+    };
     let mut scope = vec![u8::from(fwd.scope.plain)];
     for g in &fwd.scope.groups {
         scope.push(0);
@@ -50,9 +53,9 @@ pub(crate) fn message_cmd(inbox: &str, incarnation: &str, fwd: &Forward) -> Cmd 
         .arg("c")
         .arg(&*fwd.msg.origin_client)
         .arg("o")
-        .arg(incarnation)
+        .arg(sender)
         .arg("n")
-        .arg(fwd.id);
+        .arg(n);
     cmd
 }
 
@@ -76,8 +79,10 @@ pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
         Some(b"m") => {
             let mut msg = codec::read_message(get(b"m").ok_or("no message")?)?;
             let client = text(b"c").unwrap_or_default();
+            let n = text(b"n")?.parse().map_err(|_| "bad message number")?;
             if let Some(m) = Arc::get_mut(&mut msg) {
                 m.origin_client = ByteString::from(client);
+                m.remote_id = Some(RemoteId { sender: text(b"o")?.into(), number: n });
             }
             let s = get(b"s").ok_or("no scope")?;
             let plain = s.first() == Some(&1);
@@ -88,8 +93,7 @@ pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
                 .skip(1)
                 .map(|g| String::from_utf8_lossy(g).into())
                 .collect();
-            let n = text(b"n")?.parse().map_err(|_| "bad message number")?;
-            Ok(Entry::Message { msg, scope: Scope { plain, groups }, origin: (text(b"o")?, n) })
+            Ok(Entry::Message { msg, scope: Scope { plain, groups } })
         }
         Some(b"r") => Ok(Entry::Release { client_id: text(b"c")?.into(), from: text(b"f")? }),
         Some(b"d") => Ok(Entry::Released { client_id: text(b"c")?.into() }),

@@ -144,8 +144,29 @@ impl Broker {
         let router = self.router.read();
         let mut targets = Vec::new();
         router.route(&msg, &mut targets);
+        self.forward_to_remotes(&msg, &targets, &mut out, now);
+        self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        out
+    }
+
+    /// Routes `msg`, forwarded at `now` by another node, to this broker's sessions and relays
+    /// within `scope` (see [`crate::router::Router::route_forwarded`]); says what its
+    /// acknowledgement to that node must wait for.
+    pub fn publish_forwarded(&self, msg: Arc<Message>, scope: &Scope, now: Instant) -> Published {
+        let mut out = Published::default();
+        let router = self.router.read();
+        let mut targets = Vec::new();
+        router.route_forwarded(&msg, scope, &mut targets);
+        self.forward_to_remotes(&msg, &targets, &mut out, now);
+        self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        out
+    }
+
+    /// Hands `msg` to the remote subscribers among `targets`, once each, with the scope of
+    /// their matching subscriptions.
+    fn forward_to_remotes(&self, msg: &Arc<Message>, targets: &[Target], out: &mut Published, now: Instant) {
         let mut remotes: Vec<(&RemoteRef, Scope)> = Vec::new();
-        for e in &targets {
+        for e in targets {
             let Subscriber::Remote(remote) = e.to else { continue };
             let i = match remotes.iter().position(|(r, _)| r.id == remote.id) {
                 Some(i) => i,
@@ -159,26 +180,15 @@ impl Broker {
                 Some(g) => remotes[i].1.groups.push(g.into()),
             }
         }
-        let id = if remotes.is_empty() { 0 } else { self.last_forward.fetch_add(1, Ordering::Relaxed) + 1 };
+        if remotes.is_empty() {
+            return;
+        }
+        let id = self.last_forward.fetch_add(1, Ordering::Relaxed) + 1;
         for (remote, scope) in remotes {
             let (r, ticket) = remote.sink.deliver(Forward { msg: msg.clone(), scope, id }, now);
             self.count_drop(r);
             out.ticket = out.ticket.max(ticket);
         }
-        self.deliver_to_sessions(&msg, &targets, &mut out, now);
-        out
-    }
-
-    /// Routes `msg`, forwarded at `now` by another node, to this broker's sessions within
-    /// `scope` (see [`crate::router::Router::route_forwarded`]); says what its
-    /// acknowledgement to that node must wait for.
-    pub fn publish_forwarded(&self, msg: Arc<Message>, scope: &Scope, now: Instant) -> Published {
-        let mut out = Published::default();
-        let router = self.router.read();
-        let mut targets = Vec::new();
-        router.route_forwarded(&msg, scope, &mut targets);
-        self.deliver_to_sessions(&msg, &targets, &mut out, now);
-        out
     }
 
     /// Sets or clears (empty payload) a retained message another node stored: in the index
@@ -233,19 +243,11 @@ impl Broker {
         options: SubscriptionOptions,
     ) -> Result<bool, ReasonCode> {
         let (inner, group) = split_filter(filter).ok_or(ReasonCode::TopicFilterInvalid)?;
-        let entry = SubEntry {
-            to: Subscriber::Remote(remote.clone()),
-            options,
-            sub_id: None,
-            merge_overlaps: false,
-            overlaps: 0,
-            stream: StreamTag::default(),
-        };
-        Ok(self.router.write().subscribe(inner, group, entry))
+        Ok(self.router.write().subscribe(inner, group, SubEntry::remote(remote.clone(), options)))
     }
 
     /// From now on, sends `to` each filter that gains its first or loses its last subscription
-    /// by a session of this broker; first an `Added` for each filter subscribed now.
+    /// by a session of this broker or a relay; first an `Added` for each filter subscribed now.
     pub fn watch_filters(&self, to: tokio::sync::mpsc::UnboundedSender<FilterChange>) {
         self.router.write().watch(to);
     }

@@ -5,10 +5,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use braid_proto::{ByteString, ConnAck, Connect, Properties, ProtocolVersion, ReasonCode};
+use braid_proto::{
+    ByteString, ConnAck, Connect, Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions,
+};
 
-use super::{Accepted, Broker, ById, Connected};
+use super::{split_filter, Accepted, Broker, ById, Connected};
 use crate::control::ConnControl;
+use crate::router::{RemoteRef, SubEntry};
 use crate::session::{Link, Persist, Release, Session};
 use crate::store::Ticket;
 use crate::transport::Transport;
@@ -174,12 +177,33 @@ impl Broker {
     }
 
     /// Lets go of `client_id`'s session, which another node of a cluster takes over: its
-    /// connection is closed (0x8E) as in a takeover, and the session leaves the registry and the
-    /// router, what it persisted left in the store for the new holder and nothing more written
-    /// for it. Returns the store ticket of its last change (the handover waits until that is
-    /// durable), or None if this broker has no such session.
-    pub fn release(&self, client_id: &str, now: Instant) -> Option<Ticket> {
+    /// subscriptions go to `relay` (a remote subscriber for that node), if given, in the same
+    /// step, so a message routed here meanwhile goes there; its connection is closed (0x8E) as in a
+    /// takeover; what it persisted is left in the store for the new holder and nothing more is
+    /// written for it. Returns the store ticket of its last change (the handover waits until
+    /// that is durable) and the filters moved to `relay`, or None if there is no such session.
+    pub fn release(
+        &self,
+        client_id: &str,
+        now: Instant,
+        relay: Option<&RemoteRef>,
+    ) -> Option<(Ticket, Vec<ByteString>)> {
         let session = self.sessions.lock().get(client_id)?.0.clone();
+        let filters: Vec<ByteString> = session.lock().subscriptions.drain().map(|(f, _)| f).collect();
+        {
+            let mut router = self.router.write();
+            let options = SubscriptionOptions { qos: QoS::ExactlyOnce, ..SubscriptionOptions::default() };
+            for filter in &filters {
+                if let Some((inner, group)) = split_filter(filter) {
+                    // The relay first: the filter never looks unsubscribed here.
+                    if let Some(relay) = relay {
+                        router.subscribe(inner, group, SubEntry::remote(relay.clone(), options));
+                    }
+                    router.unsubscribe(inner, group, session.id);
+                }
+            }
+        }
+        // Whatever was routed to the session before is in its store ticket now.
         let persist = session.lock().persist.take();
         self.take_over(&session, false, now);
         {
@@ -188,9 +212,8 @@ impl Broker {
                 sessions.remove(client_id);
             }
         }
-        self.drop_subscriptions(&session);
         session.lock().forget();
-        Some(persist.map_or(0, |p| p.ticket))
+        Some((persist.map_or(0, |p| p.ticket), filters))
     }
 
     /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was

@@ -49,6 +49,12 @@ pub trait RemoteSink: Send + Sync + std::fmt::Debug {
     fn can_accept(&self) -> bool {
         true
     }
+
+    /// True if it also takes messages another node forwarded here (a relay to the node a
+    /// session moved to); others get only what is published here.
+    fn relays(&self) -> bool {
+        false
+    }
 }
 
 /// A remote sink with the id the broker gave it ([`crate::broker::Broker::remote_sink`]),
@@ -87,6 +93,15 @@ impl Subscriber {
         }
     }
 
+    /// True if messages another node forwarded here go to it: a session, or a relay
+    /// (see [`RemoteSink::relays`]).
+    pub fn takes_forwarded(&self) -> bool {
+        match self {
+            Subscriber::Session(_) => true,
+            Subscriber::Remote(r) => r.sink.relays(),
+        }
+    }
+
     /// True if it can take a delivery now (see [`RemoteSink::can_accept`]).
     pub fn can_accept(&self) -> bool {
         match self {
@@ -115,4 +130,18 @@ pub struct SubEntry {
     pub overlaps: u16,
     /// The stream the subscription was made on (QUIC multi-stream).
     pub stream: StreamTag,
+}
+
+impl SubEntry {
+    /// A subscription of remote subscriber `to` (never merged, on no stream).
+    pub fn remote(to: RemoteRef, options: SubscriptionOptions) -> SubEntry {
+        SubEntry {
+            to: Subscriber::Remote(to),
+            options,
+            sub_id: None,
+            merge_overlaps: false,
+            overlaps: 0,
+            stream: StreamTag::default(),
+        }
+    }
 }

@@ -82,7 +82,8 @@ impl<'a> Target<'a> {
 }
 
 /// A filter that gained its first or lost its last subscription by a session of this broker
-/// (see [`Router::watch`]): the full filter, `$share/{group}/` included.
+/// or a relay (see [`RemoteSink::relays`], [`Router::watch`]): the full filter,
+/// `$share/{group}/` included.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FilterChange {
     /// Its first local subscription.
@@ -97,7 +98,7 @@ pub struct Router {
     trie: Trie,
     strategy: SharedStrategy,
     overlapping: Overlapping,
-    /// Sessions subscribed, by full filter.
+    /// Sessions and relays subscribed, by full filter.
     local: HashMap<Box<str>, usize>,
     watcher: Option<UnboundedSender<FilterChange>>,
 }
@@ -164,7 +165,12 @@ impl Router {
         let Subscriber::Session(session) = entry.to.clone() else {
             // A remote sink's subscriptions never merge.
             entry.merge_overlaps = false;
-            return self.trie.insert(filter, group, entry, unique);
+            let relays = entry.to.takes_forwarded();
+            let is_new = self.trie.insert(filter, group, entry, unique);
+            if is_new && relays {
+                self.count_local(filter, group, true);
+            }
+            return is_new;
         };
         let st = session.lock();
         let partners: Vec<_> = overlapping(&st, filter, group).collect();
@@ -188,7 +194,7 @@ impl Router {
         let Some(removed) = self.trie.remove(filter, group, session_id) else {
             return false;
         };
-        if removed.to.session().is_some() {
+        if removed.to.takes_forwarded() {
             self.count_local(filter, group, false);
         }
         if let (true, Subscriber::Session(session)) = (removed.overlaps > 0, &removed.to) {
@@ -237,14 +243,15 @@ impl Router {
         }
     }
 
-    /// The deliveries of `msg`, forwarded by another node, to this broker's sessions within
-    /// `scope`: its normal subscriptions if `scope.plain`, and one local member of each
-    /// shared group `scope.groups` names (the sender picked this node for them).
+    /// The deliveries of `msg`, forwarded by another node, within `scope`: to this broker's
+    /// sessions and relays (see [`RemoteSink::relays`]), by their normal subscriptions if
+    /// `scope.plain`, and to one such member of each shared group `scope.groups` names (the
+    /// sender picked this node for them).
     pub fn route_forwarded<'a>(&'a self, msg: &Message, scope: &Scope, out: &mut Vec<Target<'a>>) {
         let strategy = self.strategy;
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
-            let subs = slot.subs.iter().filter(|e| scope.plain && e.to.session().is_some());
+            let subs = slot.subs.iter().filter(|e| scope.plain && e.to.takes_forwarded());
             let groups = slot.groups.iter().filter(|g| scope.groups.iter().any(|n| **n == *g.name));
             let picks = groups.filter_map(|g| g.pick(strategy, msg, true).map(|e| (e, Some(&*g.name))));
             for (e, group) in subs.map(|e| (e, None)).chain(picks) {

@@ -168,6 +168,7 @@ fn message_from(blob: &[u8], expires_ms: u64) -> Result<Arc<Message>, String> {
         expires_at: instant_of(expires_ms),
         origin: 0,
         origin_client: ByteString::new(),
+        remote_id: None,
     }))
 }
 
