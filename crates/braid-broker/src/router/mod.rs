@@ -246,14 +246,20 @@ impl Router {
     /// The deliveries of `msg`, forwarded by another node, within `scope`: to this broker's
     /// sessions and relays (see [`RemoteSink::relays`]), by their normal subscriptions if
     /// `scope.plain`, and to one such member of each shared group `scope.groups` names (the
-    /// sender picked this node for them).
+    /// sender picked this node for them), or, if the group has none left here, to a member on
+    /// another node.
     pub fn route_forwarded<'a>(&'a self, msg: &Message, scope: &Scope, out: &mut Vec<Target<'a>>) {
         let strategy = self.strategy;
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
             let subs = slot.subs.iter().filter(|e| scope.plain && e.to.takes_forwarded());
             let groups = slot.groups.iter().filter(|g| scope.groups.iter().any(|n| **n == *g.name));
-            let picks = groups.filter_map(|g| g.pick(strategy, msg, true).map(|e| (e, Some(&*g.name))));
+            // A group with no member here any more (the sender did not know yet) passes the
+            // message on to a member elsewhere.
+            let picks = groups.filter_map(|g| {
+                let pick = g.pick(strategy, msg, true).or_else(|| g.pick(strategy, msg, false));
+                pick.map(|e| (e, Some(&*g.name)))
+            });
             for (e, group) in subs.map(|e| (e, None)).chain(picks) {
                 let t = Target::new(e, group);
                 merging += usize::from(t.merges());
