@@ -23,11 +23,16 @@ use crate::wire;
 use crate::{membership, reaper, retained, routes};
 use crate::{ClusterError, Shared};
 
-/// Raises the epoch and takes ownership; with ARGV[2] = 1 (clean start) the old session's
-/// data goes. Returns {epoch, previous owner}.
+/// Takes ownership for ARGV[1], raising the epoch (unless ARGV[1] holds it already: its own
+/// writes under way stay valid); with ARGV[2] = 1 (clean start) the old session's data goes
+/// and the epoch is raised in any case (what was under way for the old one is refused).
+/// Returns {epoch, previous owner}.
 const CLAIM: &str = r#"
 local prev = redis.call('HGET', KEYS[1], 'owner') or ''
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if prev ~= ARGV[1] or ARGV[2] == '1' or epoch == 0 then
+  epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1])
 redis.call('PERSIST', KEYS[1])
 if ARGV[2] == '1' then
@@ -64,6 +69,10 @@ impl braid_broker::directory::Directory for Directory {
             if !self.shared.serving() {
                 return Err(ReasonCode::UseAnotherServer);
             }
+            if client_id.is_empty() {
+                // Assigned here, at random: no other node has it.
+                return Ok(());
+            }
             let broker = self.broker.upgrade().ok_or(ReasonCode::ServerUnavailable)?;
             claim(&self.shared, &broker, client_id, clean_start).await.map_err(|e| {
                 warn!(%client_id, "cluster: cannot claim the session: {e}");
@@ -74,6 +83,23 @@ impl braid_broker::directory::Directory for Directory {
 
     fn before_subscribe(&self) -> Option<Waiting> {
         Some(Box::pin(retained::caught_up(self.shared.clone())))
+    }
+
+    fn after_subscribe(&self) -> Option<Waiting> {
+        let broker = self.broker.upgrade()?;
+        let confirmed = self.shared.confirmed.load(std::sync::atomic::Ordering::Relaxed);
+        if broker.filter_changes() <= confirmed {
+            return None;
+        }
+        Some(Box::pin(routes::propagated(self.shared.clone(), broker)))
+    }
+
+    fn attached(&self, client_id: &str) {
+        let (shared, broker, client_id) = (self.shared.clone(), self.broker.clone(), client_id.to_string());
+        tokio::spawn(async move {
+            let Some(broker) = broker.upgrade() else { return };
+            check_owner(&shared, &broker, &client_id).await;
+        });
     }
 
     fn ended(&self, client_id: &str) {
@@ -188,6 +214,26 @@ async fn request_release(shared: &Shared, conn: &mut Conn, client_id: &str, owne
     true
 }
 
+/// After a connection attached here: if another node has claimed the client id since this
+/// node did (two CONNECTs at once), this one goes (0x8E), even if its session writes nothing.
+async fn check_owner(shared: &Shared, broker: &Broker, client_id: &str) {
+    let mut conn = shared.conn.clone();
+    let meta: redis::RedisResult<(Option<String>, Option<u64>)> = redis::cmd("HMGET")
+        .arg(&shared.keys.session(client_id).meta)
+        .arg("owner")
+        .arg("epoch")
+        .query_async(&mut conn)
+        .await;
+    let Ok((owner, epoch)) = meta else { return };
+    let mine = shared.store.epoch(client_id);
+    if owner.as_deref() != Some(&*shared.me) || (mine.is_some() && epoch != mine) {
+        if broker.release(client_id, Instant::now(), None).is_some() {
+            warn!(%client_id, "cluster: another node claimed this client id at the same time; its connection here is closed");
+        }
+        shared.store.unbind(client_id);
+    }
+}
+
 /// Reads `client_id`'s session from Redis and has the broker adopt it: false if Redis has no
 /// session (it ended).
 pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> Result<bool, ClusterError> {
@@ -265,22 +311,26 @@ pub(crate) async fn hand_over(shared: Arc<Shared>, broker: Arc<Broker>, client_i
     if let Some((ticket, filters)) = broker.release(&client_id, Instant::now(), Some(&relay)) {
         routes::relaying(&shared, &broker, &to, filters.iter().map(|f| f.to_string()).collect());
         wait_durable(&*shared.store, ticket).await;
+        shared.store.unbind(&client_id);
         info!(%client_id, node = %to, "cluster: session handed over");
     }
-    shared.store.unbind(&client_id);
     let mut conn = shared.conn.clone();
     let mut pipe = redis::pipe();
     pipe.add_command(wire::control_cmd(&shared.keys.inbox(&to), "d", &client_id, &shared.me)).ignore();
     let _: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
 }
 
-/// Lets go of the sessions whose writes were fenced: another node owns them now.
+/// Lets go of the sessions whose writes were fenced: another node owns them now (unless this
+/// node has claimed the session again since those writes).
 pub(crate) async fn release_fenced(
     shared: Arc<Shared>,
     broker: Arc<Broker>,
-    mut fenced: mpsc::UnboundedReceiver<ByteString>,
+    mut fenced: mpsc::UnboundedReceiver<(ByteString, u64)>,
 ) {
-    while let Some(client_id) = fenced.recv().await {
+    while let Some((client_id, epoch)) = fenced.recv().await {
+        if shared.store.epoch(&client_id).is_some_and(|now| now > epoch) {
+            continue;
+        }
         if broker.release(&client_id, Instant::now(), None).is_some() {
             warn!(%client_id, "cluster: another node owns this session now; its connection here is closed");
         }

@@ -161,7 +161,11 @@ pub(crate) async fn route(shared: &Shared, broker: &Broker, inbox: &str, backlog
             debug!("cluster: a message received twice is dropped");
             continue;
         }
-        let published = broker.publish_forwarded(msg, &scope, Instant::now());
+        let own = msg.remote_id.as_ref().filter(|id| *id.sender == *shared.incarnation).map(|id| id.number);
+        let published = match own {
+            Some(number) => broker.publish_returned(msg, &scope, number, Instant::now()),
+            None => broker.publish_forwarded(msg, &scope, Instant::now()),
+        };
         ticket = ticket.max(published.ticket);
     }
     wait_durable(&*shared.store, ticket).await;

@@ -53,6 +53,11 @@ impl Keys {
         format!("{}:routelog", self.prefix)
     }
 
+    /// Hash: node -> the last route log entry it has applied.
+    pub(crate) fn route_seen(&self) -> String {
+        format!("{}:routeseen", self.prefix)
+    }
+
     /// Stream (consumer group `braid`): messages and control requests for `node`.
     pub(crate) fn inbox(&self, node: &str) -> String {
         format!("{}:inbox:{{{node}}}", self.prefix)

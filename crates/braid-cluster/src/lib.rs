@@ -80,6 +80,11 @@ struct Shared {
     serving: AtomicBool,
     /// A remote subscriber for each other node: by its routes, and as a relay.
     sinks: Mutex<HashMap<(String, bool), RemoteRef>>,
+    /// How many of the broker's filter changes were written to the route log, and the store
+    /// ticket of the last one.
+    announced: tokio::sync::watch::Sender<(u64, u64)>,
+    /// How many of the broker's filter changes every node is known to have applied.
+    confirmed: std::sync::atomic::AtomicU64,
     /// Claims under way here: this node's inbox routes nothing meanwhile.
     claiming: tokio::sync::watch::Sender<usize>,
     /// Relays to the node each session this node let go of moved to, with how many sessions
@@ -126,6 +131,8 @@ impl Node {
             handovers: Mutex::new(HashMap::new()),
             reaping: tokio::sync::watch::Sender::new(0),
             claiming: tokio::sync::watch::Sender::new(0),
+            announced: tokio::sync::watch::Sender::new((0, 0)),
+            confirmed: std::sync::atomic::AtomicU64::new(0),
             relays: Mutex::new(HashMap::new()),
             retained_applied: tokio::sync::watch::Sender::new((0, 0)),
         });

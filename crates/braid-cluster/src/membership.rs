@@ -1,6 +1,6 @@
 //! Who is in the cluster: each node holds a lease key with a time to live, renewed a few
 //! times per lease. A node whose lease lapsed is dead to the others. A node that cannot renew
-//! its own for longer than the lease stops serving (`cluster.on_partition = "refuse"`): its
+//! its own for three quarters of the lease (before the lease lapses in Redis) stops serving (`cluster.on_partition = "refuse"`): its
 //! clients are told to use another server (0x9C), so two nodes never serve one client id.
 
 use std::sync::atomic::Ordering;
@@ -91,9 +91,11 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
                 continue;
             }
             Err(e) => {
-                if renewed.elapsed() > lease && shared.config.on_partition == PartitionPolicy::Refuse {
+                // Before the lease lapses in Redis (another node may then take over).
+                if renewed.elapsed() >= lease * 3 / 4 && shared.config.on_partition == PartitionPolicy::Refuse
+                {
                     if shared.serving() {
-                        warn!("cluster: cut off from Redis for longer than the lease ({e}): telling clients to use another server");
+                        warn!("cluster: cut off from Redis for three quarters of the lease ({e}): telling clients to use another server");
                     }
                     stop_serving(&shared, &broker);
                 }

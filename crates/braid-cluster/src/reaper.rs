@@ -18,7 +18,7 @@ use crate::directory;
 use crate::inbox::{self, create_group, read_group, GROUP};
 use crate::membership;
 use crate::redis::bytes;
-use crate::routes::{entries_of, stream_entries};
+use crate::routes::{self, entries_of, stream_entries};
 use crate::Shared;
 
 /// Claims a session for ARGV[2] if ARGV[1] still owns it: returns the new epoch, or 0.
@@ -128,7 +128,9 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
     let inbox = shared.keys.inbox(node);
     let _ = create_group(&mut conn, &inbox).await;
     let drained = drain(shared, broker, &mut conn, &inbox, node).await?;
-    // Nothing more is routed there once every node has applied this.
+    // Nothing more is routed there once every node has applied this; the adopted sessions'
+    // routes are in the log before it.
+    routes::flushed(shared, broker).await;
     let mut forget_routes = redis::cmd("DEL");
     forget_routes.arg(shared.keys.routes(node));
     let mut logged = redis::cmd("XADD");

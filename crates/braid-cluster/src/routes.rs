@@ -4,6 +4,7 @@
 //! message published anywhere is sent once to each node with a matching subscription.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,10 @@ use braid_broker::session::Enqueued;
 use braid_broker::store::Ticket;
 use braid_proto::{QoS, SubscriptionOptions};
 
+use crate::inbox::wait_durable;
+use crate::membership;
 use crate::redis::bytes;
+use crate::retained::position;
 use crate::{log_failure, Shared};
 
 /// The remote subscriber that stands for another node: what it is sent goes to that node's
@@ -59,6 +63,7 @@ pub(crate) async fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
     broker.watch_filters(tx);
     let shared = shared.clone();
     tokio::spawn(async move {
+        let mut count = 0;
         while let Some(change) = rx.recv().await {
             let (op, filter) = match &change {
                 FilterChange::Added(f) => ("add", f),
@@ -69,9 +74,54 @@ pub(crate) async fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
             let mut log_cmd = redis::cmd("XADD");
             log_cmd.arg(&log).arg("MAXLEN").arg("~").arg(100_000).arg("*");
             log_cmd.arg("n").arg(&shared.me).arg("o").arg(op).arg("f").arg(filter.as_bytes());
-            shared.store.submit_cmds(vec![set_cmd, log_cmd]);
+            let ticket = shared.store.submit_cmds(vec![set_cmd, log_cmd]);
+            count += 1;
+            shared.announced.send_replace((count, ticket));
         }
     });
+}
+
+/// Waits until every filter change the broker made so far is in the route log in Redis.
+pub(crate) async fn flushed(shared: &Shared, broker: &Broker) {
+    let target = broker.filter_changes();
+    let mut announced = shared.announced.subscribe();
+    let Ok(at) = announced.wait_for(|(count, _)| *count >= target).await.map(|a| a.1) else { return };
+    wait_durable(&*shared.store, at).await;
+}
+
+/// Waits until every live node has applied the filter changes the broker made so far (at
+/// most two seconds: a node that lags that much is not waited for).
+pub(crate) async fn propagated(shared: Arc<Shared>, broker: Arc<Broker>) {
+    let target = broker.filter_changes();
+    let mut conn = shared.conn.clone();
+    let wait = async {
+        flushed(&shared, &broker).await;
+        let Ok(last) = last_id(&mut conn, &shared.keys.route_log()).await else { return };
+        let last = position(&last);
+        loop {
+            let Ok(live) = membership::live_nodes(&shared, &mut conn).await else { return };
+            let others: Vec<&String> = live.iter().filter(|n| **n != shared.me).collect();
+            if others.is_empty() {
+                return;
+            }
+            let seen: Vec<Option<String>> = match redis::cmd("HMGET")
+                .arg(shared.keys.route_seen())
+                .arg(&others)
+                .query_async(&mut conn)
+                .await
+            {
+                Ok(seen) => seen,
+                Err(_) => return,
+            };
+            if seen.iter().all(|s| s.as_deref().is_some_and(|s| position(s) >= last)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(2), wait).await.is_ok() {
+        shared.confirmed.fetch_max(target, Ordering::Relaxed);
+    }
 }
 
 /// The other nodes' routes as this node has them in its router.
@@ -204,6 +254,7 @@ pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>) {
         failing = false;
         let mut from = from;
         let log = shared.keys.route_log();
+        report_seen(&shared, &mut conn, &from).await;
         loop {
             let read = tokio::select! {
                 r = read_log(&mut conn, &log, &from) => r,
@@ -211,9 +262,13 @@ pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>) {
             };
             match read {
                 Ok(entries) => {
+                    let any = !entries.is_empty();
                     for (id, fields) in entries {
                         apply(&shared, &broker, &mut table, &fields);
                         from = id;
+                    }
+                    if any {
+                        report_seen(&shared, &mut conn, &from).await;
                     }
                 }
                 Err(e) => {
@@ -223,6 +278,12 @@ pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>) {
             }
         }
     }
+}
+
+/// Tells the other nodes (waiting for a SUBACK) how far this node has applied the route log.
+async fn report_seen(shared: &Shared, conn: &mut Conn, at: &str) {
+    let _: redis::RedisResult<()> =
+        redis::cmd("HSET").arg(shared.keys.route_seen()).arg(&shared.me).arg(at).query_async(conn).await;
 }
 
 fn apply(shared: &Arc<Shared>, broker: &Broker, table: &mut Table, fields: &[Value]) {

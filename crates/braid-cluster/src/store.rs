@@ -18,7 +18,7 @@ use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, warn};
 
-use braid_broker::message::Delivery;
+use braid_broker::message::{Delivery, RemoteId};
 use braid_broker::router::Forward;
 use braid_broker::session::Item;
 use braid_broker::store::{codec, Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket};
@@ -35,10 +35,12 @@ if e ~= 0 and tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') ~= e then re
 local op = ARGV[2]
 if op == 'session' then redis.call('HSET', KEYS[1], 'record', ARGV[3])
 elseif op == 'end' then redis.call('HDEL', KEYS[1], 'record'); redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-elseif op == 'append' then redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+elseif op == 'append' then
+  redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'r' .. ARGV[3], ARGV[5]) end
 elseif op == 'stage' then
   if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 1 then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
-elseif op == 'done' then redis.call('HDEL', KEYS[2], ARGV[3]); redis.call('HDEL', KEYS[3], ARGV[3])
+elseif op == 'done' then redis.call('HDEL', KEYS[2], ARGV[3], 'r' .. ARGV[3]); redis.call('HDEL', KEYS[3], ARGV[3])
 elseif op == 'qos2' then
   if ARGV[4] == '1' then redis.call('SADD', KEYS[4], ARGV[3]) else redis.call('SREM', KEYS[4], ARGV[3]) end
 end
@@ -64,8 +66,8 @@ struct Bound {
 enum Reply {
     /// Nothing to read.
     None,
-    /// A session change: 0 means another node owns the session now.
-    Fenced(ByteString),
+    /// A session change under an epoch: 0 means the session has a newer owner.
+    Fenced(ByteString, u64),
     /// A session's deliveries (two replies: the queue and the stages).
     Load(oneshot::Sender<Result<Vec<Stored>, StoreError>>),
 }
@@ -127,6 +129,14 @@ impl RedisStore {
     /// Writes for `client_id` carry `epoch` from now on (it was just claimed).
     pub(crate) fn set_epoch(&self, client_id: &str, epoch: u64) {
         self.epochs.lock().insert(client_id.into(), epoch);
+        for b in self.sessions.lock().values_mut().filter(|b| &*b.client_id == client_id) {
+            b.epoch = epoch;
+        }
+    }
+
+    /// The epoch this node holds `client_id` under, if it does.
+    pub(crate) fn epoch(&self, client_id: &str) -> Option<u64> {
+        self.epochs.lock().get(client_id).copied()
     }
 
     /// Session `id` of the broker is `client_id`'s (adopted from Redis).
@@ -162,10 +172,10 @@ impl RedisStore {
         ticket
     }
 
-    fn session_cmd(&self, b: &Bound, op: &str, a: &[u8], c: &[u8]) -> Cmd {
+    fn session_cmd(&self, b: &Bound, op: &str, args: [&[u8]; 3]) -> Cmd {
         let k = self.keys.session(&b.client_id);
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(SESSION_OP).arg(4).arg(&k.all()[..]).arg(b.epoch).arg(op).arg(a).arg(c);
+        cmd.arg(SESSION_OP).arg(4).arg(&k.all()[..]).arg(b.epoch).arg(op).arg(&args[..]);
         cmd
     }
 
@@ -177,11 +187,11 @@ impl RedisStore {
         b
     }
 
-    fn session_op(&self, id: u64, op: &str, a: &[u8], c: &[u8]) -> Ticket {
+    fn session_op(&self, id: u64, op: &str, args: [&[u8]; 3]) -> Ticket {
         match self.bound(id) {
             Some(b) => {
-                let cmd = self.session_cmd(&b, op, a, c);
-                self.push(vec![cmd], Reply::Fenced(b.client_id))
+                let cmd = self.session_cmd(&b, op, args);
+                self.push(vec![cmd], Reply::Fenced(b.client_id, b.epoch))
             }
             None => self.submitter.lock().last,
         }
@@ -203,10 +213,10 @@ impl Store for RedisStore {
                 let client_id = rec.client_id.clone();
                 let epoch = self.epochs.lock().get(&client_id).copied().unwrap_or(0);
                 self.sessions.lock().insert(rec.id, Bound { client_id, epoch });
-                self.session_op(rec.id, "session", &codec::session(&rec), b"")
+                self.session_op(rec.id, "session", [&codec::session(&rec), b"", b""])
             }
             Op::EndSession(id) => {
-                let ticket = self.session_op(id, "end", b"", b"");
+                let ticket = self.session_op(id, "end", [b"", b"", b""]);
                 if let Some(b) = self.sessions.lock().remove(&id) {
                     self.epochs.lock().remove(&b.client_id);
                 }
@@ -215,18 +225,23 @@ impl Store for RedisStore {
             Op::Append { session, seq, delivery } => {
                 let mut d = delivery;
                 d.seq = seq;
-                self.session_op(session, "append", seq.to_string().as_bytes(), &codec::delivery(&d))
+                let remote = d.msg.remote_id.as_ref().map(remote_key).unwrap_or_default();
+                self.session_op(
+                    session,
+                    "append",
+                    [seq.to_string().as_bytes(), &codec::delivery(&d), remote.as_bytes()],
+                )
             }
             Op::Stage { session, seq, stage } => {
-                self.session_op(session, "stage", seq.to_string().as_bytes(), &[stage_byte(stage)])
+                self.session_op(session, "stage", [seq.to_string().as_bytes(), &[stage_byte(stage)], b""])
             }
-            Op::Done { session, seq } => self.session_op(session, "done", seq.to_string().as_bytes(), b""),
-            Op::IncomingQos2 { session, packet_id, pending } => self.session_op(
-                session,
-                "qos2",
-                packet_id.to_string().as_bytes(),
-                if pending { b"1" } else { b"0" },
-            ),
+            Op::Done { session, seq } => {
+                self.session_op(session, "done", [seq.to_string().as_bytes(), b"", b""])
+            }
+            Op::IncomingQos2 { session, packet_id, pending } => {
+                let pending: &[u8] = if pending { b"1" } else { b"0" };
+                self.session_op(session, "qos2", [packet_id.to_string().as_bytes(), pending, b""])
+            }
             Op::Retain(msg) => {
                 let value = if msg.payload.is_empty() { Vec::new() } else { codec::message(&msg) };
                 let mut cmd = redis::cmd("EVAL");
@@ -276,8 +291,8 @@ impl Writer {
     /// Writes the submitted changes in order, a batch per round trip, until the store is
     /// closed. A batch that fails (Redis away) is retried, with backoff, until it succeeds:
     /// every change is idempotent, and a message sent twice is dropped by its receiver.
-    /// Client ids whose writes were fenced go to `fenced`.
-    pub(crate) async fn run(mut self, mut conn: Conn, fenced: mpsc::UnboundedSender<ByteString>) {
+    /// Client ids whose writes were fenced go to `fenced`, with the epoch the writes had.
+    pub(crate) async fn run(mut self, mut conn: Conn, fenced: mpsc::UnboundedSender<(ByteString, u64)>) {
         let mut jobs = Vec::new();
         loop {
             let Some(first) = self.rx.recv().await else { return };
@@ -308,9 +323,9 @@ impl Writer {
                 let mine: Vec<Value> = replies.by_ref().take(cmds.len()).collect();
                 match reply {
                     Reply::None => {}
-                    Reply::Fenced(client_id) => {
+                    Reply::Fenced(client_id, epoch) => {
                         if mine.first().and_then(int) == Some(0) {
-                            let _ = fenced.send(client_id);
+                            let _ = fenced.send((client_id, epoch));
                         }
                     }
                     Reply::Load(tx) => {
@@ -351,6 +366,18 @@ async fn write_until_done(conn: &mut Conn, cmds: &[Cmd]) -> Vec<Value> {
             }
         }
     }
+}
+
+/// How a message's remote id is kept beside its delivery.
+fn remote_key(id: &RemoteId) -> String {
+    format!("{}#{}", id.sender, id.number)
+}
+
+/// Reads [`remote_key`]'s output.
+fn read_remote_key(text: &[u8]) -> Option<RemoteId> {
+    let text = std::str::from_utf8(text).ok()?;
+    let (sender, number) = text.rsplit_once('#')?;
+    Some(RemoteId { sender: sender.into(), number: number.parse().ok()? })
 }
 
 fn stage_byte(stage: Stage) -> u8 {
@@ -424,5 +451,9 @@ pub(crate) fn read_session(
     };
     let next_seq = queued.last().map_or(1, |s| s.seq + 1);
     let queued = queued.iter().map(|s| (s.seq, s.delivery.size())).collect();
-    Ok(Some(RecoveredSession { record, next_seq, queued, incoming_qos2 }))
+    let held_remote = pairs(queue_and_stages.first())
+        .filter(|(field, _)| field.first() == Some(&b'r'))
+        .filter_map(|(_, id)| read_remote_key(id))
+        .collect();
+    Ok(Some(RecoveredSession { record, next_seq, queued, incoming_qos2, held_remote }))
 }

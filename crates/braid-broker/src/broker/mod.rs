@@ -67,9 +67,9 @@ pub struct Broker {
     sessions: Mutex<HashSet<ById>>,
     router: RwLock<Router>,
     retained: RwLock<Retained>,
+    /// The next session id, remote subscriber id and forward number (see
+    /// [`Broker::publish_returned`]): one counter.
     next_session_id: AtomicU64,
-    /// Number of the last message handed to remote subscribers (see [`crate::router::Forward`]).
-    last_forward: AtomicU64,
     /// `[session]` queue limits, for sessions recovered from the store until their client
     /// connects.
     queue_limits: Arc<QueueLimits>,
@@ -187,7 +187,6 @@ impl Broker {
             router: RwLock::new(router),
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
-            last_forward: AtomicU64::new(0),
             queue_limits,
             listener_limits,
             handovers: Notify::new(),

@@ -162,6 +162,21 @@ impl Broker {
         out
     }
 
+    /// Routes `msg`, which this broker published and forwarded as number `number` (see
+    /// [`Forward::id`]) and which came back at `now` (relayed by a node a session moved away
+    /// from), within `scope`: only to the sessions that came here since it was published (the
+    /// others had it then), and to no remote subscriber (they had it too).
+    pub fn publish_returned(&self, msg: Arc<Message>, scope: &Scope, number: u64, now: Instant) -> Published {
+        let mut out = Published::default();
+        let router = self.router.read();
+        let mut targets = Vec::new();
+        router.route_forwarded(&msg, scope, &mut targets);
+        // Session ids and forward numbers come from one counter: a later session has a higher id.
+        targets.retain(|t| t.to.session().is_some_and(|s| s.id > number));
+        self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        out
+    }
+
     /// Hands `msg` to the remote subscribers among `targets`, once each, with the scope of
     /// their matching subscriptions.
     fn forward_to_remotes(&self, msg: &Arc<Message>, targets: &[Target], out: &mut Published, now: Instant) {
@@ -183,7 +198,7 @@ impl Broker {
         if remotes.is_empty() {
             return;
         }
-        let id = self.last_forward.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         for (remote, scope) in remotes {
             let (r, ticket) = remote.sink.deliver(Forward { msg: msg.clone(), scope, id }, now);
             self.count_drop(r);
@@ -250,6 +265,11 @@ impl Broker {
     /// by a session of this broker or a relay; first an `Added` for each filter subscribed now.
     pub fn watch_filters(&self, to: tokio::sync::mpsc::UnboundedSender<FilterChange>) {
         self.router.write().watch(to);
+    }
+
+    /// How many filter changes were sent to the watcher so far (see [`Broker::watch_filters`]).
+    pub fn filter_changes(&self) -> u64 {
+        self.router.read().changes()
     }
 
     /// Removes `remote`'s subscription to `filter`; true if it existed.

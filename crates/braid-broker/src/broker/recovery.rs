@@ -71,6 +71,7 @@ impl Broker {
                 disk.push_back(item);
             }
             p.offline = Some(disk);
+            p.held_remote = r.held_remote.into_iter().collect();
             st.persist = Some(Box::new(p));
             st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
         };

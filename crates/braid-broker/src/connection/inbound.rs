@@ -54,8 +54,9 @@ pub(crate) struct Inbound<'a> {
     /// Not reading from the client: over its publish rate, the memory alarm is raised, or a
     /// SUBSCRIBE waits for the cluster.
     pause: Option<Pause>,
-    /// The SUBSCRIBE that waits for the cluster, handled when the pause ends.
-    deferred: Option<Subscribe>,
+    /// What waits for the cluster: a SUBSCRIBE to handle, or its SUBACK to send, when the
+    /// pause ends.
+    deferred: Option<Deferred>,
     /// The stream this state reads (QUIC); subscriptions made here deliver on it.
     stream: StreamTag,
     /// Inbound QoS 2 ids of a QUIC data stream, whose packet ids are its own; `None` uses the
@@ -72,8 +73,8 @@ enum Pause {
     Until(Instant),
     /// The memory alarm is raised: until it clears.
     Memory,
-    /// A SUBSCRIBE (in `deferred`) waits for the cluster (see
-    /// [`crate::directory::Directory::before_subscribe`]).
+    /// A SUBSCRIBE or its SUBACK (in `deferred`) waits for the cluster (see
+    /// [`crate::directory::Directory::before_subscribe`] and `after_subscribe`).
     Cluster(Waiting),
 }
 
@@ -85,6 +86,15 @@ impl std::fmt::Debug for Pause {
             Pause::Cluster(_) => f.write_str("Cluster"),
         }
     }
+}
+
+/// A SUBSCRIBE's part that waits for the cluster.
+#[derive(Debug)]
+enum Deferred {
+    /// The SUBSCRIBE, until the node has what the cluster stored before it.
+    Subscribe(Subscribe),
+    /// Its SUBACK, until every node routes by the new subscriptions.
+    SubAck(SubAck),
 }
 
 /// Acknowledgements waiting for the store's group commit.
@@ -203,9 +213,10 @@ impl<'a> Inbound<'a> {
         mut check: impl FnMut(&Packet) -> Option<Flow>,
     ) -> Flow {
         let max = self.broker.config.mqtt.max_packet_size;
-        if let (false, Some(s)) = (self.is_held(), self.deferred.take()) {
-            let ack = self.subscribe(s, now);
-            self.reply(&Packet::SubAck(ack), out);
+        match (self.is_held(), self.deferred.take()) {
+            (false, Some(Deferred::Subscribe(s))) => self.subscribe(s, now, out),
+            (false, Some(Deferred::SubAck(ack))) => self.reply(&Packet::SubAck(ack), out),
+            (_, deferred) => self.deferred = deferred,
         }
         loop {
             if self.is_held() {
@@ -272,10 +283,11 @@ impl<'a> Inbound<'a> {
                 // In a cluster, first what other nodes stored is caught up with (retained).
                 if let Some(waiting) = self.broker.directory().and_then(|d| d.before_subscribe()) {
                     self.pause = Some(Pause::Cluster(waiting));
-                    self.deferred = Some(s);
+                    self.deferred = Some(Deferred::Subscribe(s));
                     return Flow::Continue;
                 }
-                Some(Packet::SubAck(self.subscribe(s, now)))
+                self.subscribe(s, now, out);
+                None
             }
             Packet::Unsubscribe(u) => {
                 Some(Packet::UnsubAck(self.broker.unsubscribe(&self.session, self.version, u, now)))
@@ -297,9 +309,18 @@ impl<'a> Inbound<'a> {
         Flow::Continue
     }
 
-    fn subscribe(&mut self, s: Subscribe, now: Instant) -> SubAck {
+    /// Handles SUBSCRIBE; its SUBACK goes into `out`, or waits until every node of a cluster
+    /// routes by the new subscriptions (see [`crate::directory::Directory::after_subscribe`]).
+    fn subscribe(&mut self, s: Subscribe, now: Instant, out: &mut BytesMut) {
         self.transmit = true;
-        self.broker.subscribe(&self.session, self.version, s, &mut self.acl, self.stream, now)
+        let ack = self.broker.subscribe(&self.session, self.version, s, &mut self.acl, self.stream, now);
+        match self.broker.directory().and_then(|d| d.after_subscribe()) {
+            Some(waiting) => {
+                self.pause = Some(Pause::Cluster(waiting));
+                self.deferred = Some(Deferred::SubAck(ack));
+            }
+            None => self.reply(&Packet::SubAck(ack), out),
+        }
     }
 
     /// Encodes a reply to the client into `out`.

@@ -168,7 +168,7 @@ pub(crate) async fn admit(
             return Err(ReasonCode::NotAuthorized);
         }
     }
-    if let (Some(directory), false) = (broker.directory(), client_id.is_empty()) {
+    if let Some(directory) = broker.directory() {
         directory.claim(client_id, connect.clean_start).await.inspect_err(|reason| {
             info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
         })?;
@@ -179,6 +179,9 @@ pub(crate) async fn admit(
         broker.connect(connect, transport, Instant::now()).inspect_err(|reason| {
             info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
         })?;
+    if let (Some(directory), false) = (broker.directory(), client_id.is_empty()) {
+        directory.attached(client_id);
+    }
     if let Some(restore) = restore {
         // A persistent session's deliveries waiting on disk come back before anything is sent.
         match restore.await {

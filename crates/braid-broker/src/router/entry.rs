@@ -30,8 +30,8 @@ pub struct Forward {
     pub msg: Arc<Message>,
     /// The subscriptions it matched.
     pub scope: Scope,
-    /// Its number among the messages this broker forwarded since it started, the same for
-    /// every remote it goes to: a receiver that gets it twice (by two ways) knows.
+    /// Its number at this broker (from the counter of session ids), the same for every remote
+    /// it goes to: a receiver that gets it twice (by two ways) knows.
     pub id: u64,
 }
 

@@ -101,13 +101,22 @@ pub struct Router {
     /// Sessions and relays subscribed, by full filter.
     local: HashMap<Box<str>, usize>,
     watcher: Option<UnboundedSender<FilterChange>>,
+    /// How many changes were sent to the watcher.
+    changes: u64,
 }
 
 impl Router {
     /// An empty table whose shared groups use `strategy` and whose v5 subscriptions overlap
     /// as `overlapping` says.
     pub fn new(strategy: SharedStrategy, overlapping: Overlapping) -> Router {
-        Router { trie: Trie::default(), strategy, overlapping, local: HashMap::new(), watcher: None }
+        Router {
+            trie: Trie::default(),
+            strategy,
+            overlapping,
+            local: HashMap::new(),
+            watcher: None,
+            changes: 0,
+        }
     }
 
     /// From now on, sends `to` every [`FilterChange`]; first an `Added` for each filter that
@@ -115,8 +124,14 @@ impl Router {
     pub fn watch(&mut self, to: UnboundedSender<FilterChange>) {
         for filter in self.local.keys() {
             let _ = to.send(FilterChange::Added(filter.clone()));
+            self.changes += 1;
         }
         self.watcher = Some(to);
+    }
+
+    /// How many [`FilterChange`]s were sent so far (see [`Router::watch`]).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Counts a local subscription to `filter` in `group` in (`up`) or out.
@@ -145,6 +160,7 @@ impl Router {
         };
         if let (Some(change), Some(to)) = (change, &self.watcher) {
             let _ = to.send(change);
+            self.changes += 1;
         }
     }
 

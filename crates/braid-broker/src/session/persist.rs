@@ -2,6 +2,7 @@
 //! index of what waits on disk while it is offline, and the ticket of its latest change (what
 //! an acknowledgement waits for under sync durability).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -9,7 +10,7 @@ use tokio::sync::oneshot;
 use braid_proto::ByteString;
 
 use super::queue::{Enqueued, Item, OnDisk, Queue, QueueLimits};
-use crate::message::Delivery;
+use crate::message::{Delivery, RemoteId};
 use crate::store::{Op, SessionRecord, Stage, Store, StoreError, Stored, Ticket};
 
 /// The deliveries of a session read back from the store.
@@ -27,12 +28,23 @@ pub struct Persist {
     pub offline: Option<Queue<OnDisk>>,
     /// Ticket of the latest change submitted.
     pub ticket: Ticket,
+    /// Messages from other nodes its deliveries held when it came from the store (see
+    /// [`crate::store::RecoveredSession::held_remote`]): offered again, they are not queued.
+    pub held_remote: HashSet<RemoteId>,
 }
 
 impl Persist {
     /// Links session `id` to `store`; its next delivery gets sequence number `next_seq`.
     pub fn new(store: Arc<dyn Store>, id: u64, client_id: ByteString, next_seq: u64) -> Persist {
-        Persist { store, id, client_id, next_seq: next_seq.max(1), offline: None, ticket: 0 }
+        Persist {
+            store,
+            id,
+            client_id,
+            next_seq: next_seq.max(1),
+            offline: None,
+            ticket: 0,
+            held_remote: HashSet::new(),
+        }
     }
 
     fn submit(&mut self, op: Op) {
@@ -49,6 +61,10 @@ impl Persist {
     /// Offers `d` to the session: to disk only while offline, else to disk and `queue`.
     pub fn enqueue(&mut self, mut d: Delivery, queue: &mut Queue, online: bool) -> Enqueued {
         use Enqueued::*;
+        if d.msg.remote_id.as_ref().is_some_and(|id| self.held_remote.contains(id)) {
+            // Read again from another node's inbox after that node went down: queued already.
+            return Queued;
+        }
         let (r, evicted) = match self.offline.as_mut().filter(|_| !online) {
             Some(disk) => {
                 let entry = OnDisk { seq: self.next_seq, size: d.size(), qos: d.qos };

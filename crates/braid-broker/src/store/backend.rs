@@ -10,7 +10,7 @@ use tokio::sync::{oneshot, watch};
 
 use braid_proto::{ByteString, LastWill, SubscriptionOptions};
 
-use crate::message::{Delivery, Message};
+use crate::message::{Delivery, Message, RemoteId};
 
 /// A subscription as a session remembers it (and the store keeps it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +127,9 @@ pub struct RecoveredSession {
     pub queued: Vec<(u64, usize)>,
     /// Inbound QoS 2 packet ids awaiting PUBREL.
     pub incoming_qos2: Vec<u16>,
+    /// The messages from other nodes among its deliveries (a cluster's store keeps this): the
+    /// same ones offered again are not queued twice.
+    pub held_remote: Vec<RemoteId>,
 }
 
 /// Everything found in the store at start.

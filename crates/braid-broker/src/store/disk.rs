@@ -429,6 +429,7 @@ impl Log {
                 next_seq: s.max_seq + 1,
                 queued,
                 incoming_qos2: s.qos2.keys().copied().collect(),
+                held_remote: Vec::new(),
             });
         }
         for id in orphans {
