@@ -591,10 +591,11 @@ pub struct ClusterConfig {
     pub lease_ms: u64,
     /// What a node cut off from Redis for longer than its lease does.
     pub on_partition: PartitionPolicy,
-    /// How long a takeover waits for the node that held the session to hand it over, in
-    /// milliseconds, before it takes the session as Redis has it.
+    /// How long a CONNECT waits for the node that holds its session to hand it over, in
+    /// milliseconds; a node that does not answer is waited for until its lease lapses, then
+    /// taken over.
     pub takeover_timeout_ms: u64,
-    /// Most messages sent to another node in one Redis round trip.
+    /// Most writes to Redis in one round trip, and most inbox entries read at once.
     pub batch: usize,
     /// CA certificate (PEM) for `rediss://` URLs; empty: the system's roots.
     pub ca_file: String,

@@ -180,7 +180,12 @@ fn the_filters_local_sessions_subscribe_to_are_reported_as_they_come_and_go() {
     h.send(a, Packet::Subscribe(subscribe("x/#", QoS::AtMostOnce)));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     b.watch_filters(tx);
-    let mut changes = || std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>();
+    let mut numbers = Vec::new();
+    let mut changes = || {
+        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        numbers.extend(got.iter().map(|(n, _)| *n));
+        got.into_iter().map(|(_, c)| c).collect::<Vec<_>>()
+    };
     assert_eq!(changes(), [FilterChange::Added("x/#".into())], "what is there when watching starts");
 
     let c = h.connect(connect_packet("c", true)).0;
@@ -197,4 +202,6 @@ fn the_filters_local_sessions_subscribe_to_are_reported_as_they_come_and_go() {
     let mut gone = changes();
     gone.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(gone, [FilterChange::Removed("$share/g/y".into()), FilterChange::Removed("x/#".into())]);
+    assert_eq!(numbers, [1, 2, 3, 4], "numbered in order");
+    assert_eq!(b.filter_changes(), 4);
 }

@@ -110,6 +110,10 @@ async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: S
             }
             Err(e) => {
                 log_failure("reading the inbox", &mut failing, &e);
+                if e.code() == Some("NOGROUP") {
+                    // Redis lost it (restarted without persistence, or a takeover removed it).
+                    let _ = create_group(&mut shared.conn.clone(), &inbox).await;
+                }
                 // After a reconnect, what was read but not acknowledged is read again.
                 pending = true;
                 backlog = Backlog::default();

@@ -38,7 +38,8 @@ impl Keys {
         format!("{}:lease:{{{node}}}", self.prefix)
     }
 
-    /// Hash: node -> its listeners, for `$SYS/cluster` and the node list.
+    /// Hash: node -> its incarnation (`name@start_ms`): every node that joined and has not
+    /// been taken over; the live ones hold their lease.
     pub(crate) fn nodes(&self) -> String {
         format!("{}:nodes", self.prefix)
     }

@@ -155,7 +155,7 @@ impl Node {
         directory::adopt_owned(&shared, broker).await?;
         broker.set_directory(Arc::new(directory::Directory::new(shared.clone(), broker)));
         tokio::spawn(directory::release_fenced(shared.clone(), broker.clone(), fenced_rx));
-        routes::announce(&shared, broker).await;
+        routes::announce(&shared, broker);
         tokio::spawn(routes::follow(shared.clone(), broker.clone()));
         tokio::spawn(inbox::run(shared.clone(), broker.clone()).await?);
         tokio::spawn(retained::follow(shared.clone(), broker.clone(), self.retained_from));

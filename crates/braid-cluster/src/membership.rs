@@ -20,13 +20,14 @@ use crate::keys::Keys;
 use crate::redis::{bytes, int};
 use crate::{ClusterError, Shared};
 
-/// Renews the lease if this incarnation holds it or nobody does: 1 if renewed, 0 if another
-/// process holds it.
+/// Renews the lease if this incarnation holds it or nobody does: 1 if renewed, 2 if it had
+/// lapsed (or Redis lost it), 0 if another process holds it.
 const RENEW: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
+if v then return 1 end
+return 2
 "#;
 
 /// Takes the lease of `config.node`, waiting up to one lease for a previous holder's to lapse.
@@ -48,7 +49,7 @@ pub(crate) async fn take_lease(
             .query_async(conn)
             .await
             .map_err(|e| ClusterError::Redis(e.to_string()))?;
-        if taken == 1 {
+        if taken != 0 {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -79,13 +80,25 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
             _ = broker.shutdown.cancelled() => break,
         }
         match renew(&shared, &mut conn).await {
-            Ok(true) => {
+            Ok(Renewed::Held) => {
                 renewed = Instant::now();
                 if !shared.serving.swap(true, Ordering::Relaxed) {
                     info!("cluster: Redis reached again; serving clients again");
                 }
             }
-            Ok(false) => {
+            Ok(Renewed::Lapsed) => {
+                warn!("cluster: this node's lease had lapsed (cut off, or Redis lost its data): its sessions may have been taken over; letting them go and joining again");
+                stop_serving(&shared, &broker);
+                match rejoin(&shared, &broker).await {
+                    Ok(()) => {
+                        renewed = Instant::now();
+                        shared.serving.store(true, Ordering::Relaxed);
+                        info!("cluster: joined again; serving clients again");
+                    }
+                    Err(e) => warn!("cluster: joining again failed ({e}); retried"),
+                }
+            }
+            Ok(Renewed::Taken) => {
                 error!(node = %shared.me, "cluster: another process took this node's name; no longer serving");
                 stop_serving(&shared, &broker);
                 continue;
@@ -119,8 +132,32 @@ fn stop_serving(shared: &Shared, broker: &Broker) {
     broker.close_all(ReasonCode::UseAnotherServer);
 }
 
+/// What renewing the lease found.
+enum Renewed {
+    /// Held, and renewed.
+    Held,
+    /// It had lapsed: taken again now.
+    Lapsed,
+    /// Another process holds it.
+    Taken,
+}
+
+/// Lets go of every session here (another node may hold them now) and joins again as after a
+/// start: the inbox group, the sessions Redis still says are this node's, the routes afresh.
+async fn rejoin(shared: &Arc<Shared>, broker: &Arc<Broker>) -> Result<(), crate::ClusterError> {
+    let now = Instant::now();
+    for client_id in broker.client_ids() {
+        broker.release(&client_id, now, None);
+        shared.store.unbind(&client_id);
+    }
+    crate::inbox::create_group(&mut shared.conn.clone(), &shared.keys.inbox(&shared.me)).await?;
+    crate::directory::adopt_owned(shared, broker).await?;
+    crate::routes::announce(shared, broker);
+    Ok(())
+}
+
 /// Renews the lease and the node's entry in the node list.
-async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<bool> {
+async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<Renewed> {
     let mut lease = redis::cmd("EVAL");
     lease
         .arg(RENEW)
@@ -131,7 +168,11 @@ async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<bool> {
     let mut listed = redis::cmd("HSET");
     listed.arg(shared.keys.nodes()).arg(&shared.me).arg(&shared.incarnation);
     let replies = conn.run_all(&[lease, listed]).await?;
-    Ok(replies.first().and_then(int) == Some(1))
+    Ok(match replies.first().and_then(int) {
+        Some(1) => Renewed::Held,
+        Some(2) => Renewed::Lapsed,
+        _ => Renewed::Taken,
+    })
 }
 
 /// The nodes whose lease is held, sorted.

@@ -50,8 +50,9 @@ impl RemoteSink for NodeSink {
 }
 
 /// Publishes this node's routes: the set is started afresh (sessions re-adopted at start are
-/// already in the router), then every change of the router's local filters follows.
-pub(crate) async fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
+/// already in the router), then every change of the router's local filters follows. Called
+/// again (rejoining), it starts over and the previous announcer ends.
+pub(crate) fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
     let me = &shared.me;
     let (set, log) = (shared.keys.routes(me), shared.keys.route_log());
     let mut reset = redis::cmd("DEL");
@@ -63,8 +64,7 @@ pub(crate) async fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
     broker.watch_filters(tx);
     let shared = shared.clone();
     tokio::spawn(async move {
-        let mut count = 0;
-        while let Some(change) = rx.recv().await {
+        while let Some((number, change)) = rx.recv().await {
             let (op, filter) = match &change {
                 FilterChange::Added(f) => ("add", f),
                 FilterChange::Removed(f) => ("remove", f),
@@ -75,8 +75,7 @@ pub(crate) async fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
             log_cmd.arg(&log).arg("MAXLEN").arg("~").arg(100_000).arg("*");
             log_cmd.arg("n").arg(&shared.me).arg("o").arg(op).arg("f").arg(filter.as_bytes());
             let ticket = shared.store.submit_cmds(vec![set_cmd, log_cmd]);
-            count += 1;
-            shared.announced.send_replace((count, ticket));
+            shared.announced.send_replace((number, ticket));
         }
     });
 }

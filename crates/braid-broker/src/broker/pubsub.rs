@@ -164,15 +164,17 @@ impl Broker {
 
     /// Routes `msg`, which this broker published and forwarded as number `number` (see
     /// [`Forward::id`]) and which came back at `now` (relayed by a node a session moved away
-    /// from), within `scope`: only to the sessions that came here since it was published (the
-    /// others had it then), and to no remote subscriber (they had it too).
+    /// from, or passed on by a node whose shared-group members had left), within `scope`: by a
+    /// normal subscription only to the sessions that came here since it was published (the
+    /// others had it then), to one local member of each group in `scope` (this broker picked
+    /// another node for them), to no remote subscriber.
     pub fn publish_returned(&self, msg: Arc<Message>, scope: &Scope, number: u64, now: Instant) -> Published {
         let mut out = Published::default();
         let router = self.router.read();
         let mut targets = Vec::new();
         router.route_forwarded(&msg, scope, &mut targets);
         // Session ids and forward numbers come from one counter: a later session has a higher id.
-        targets.retain(|t| t.to.session().is_some_and(|s| s.id > number));
+        targets.retain(|t| t.to.session().is_some_and(|s| t.group.is_some() || s.id > number));
         self.deliver_to_sessions(&msg, &targets, &mut out, now);
         out
     }
@@ -262,8 +264,10 @@ impl Broker {
     }
 
     /// From now on, sends `to` each filter that gains its first or loses its last subscription
-    /// by a session of this broker or a relay; first an `Added` for each filter subscribed now.
-    pub fn watch_filters(&self, to: tokio::sync::mpsc::UnboundedSender<FilterChange>) {
+    /// by a session of this broker or a relay, with the change's number (see
+    /// [`Broker::filter_changes`]); first an `Added` for each filter subscribed now. A watcher
+    /// set before is replaced.
+    pub fn watch_filters(&self, to: tokio::sync::mpsc::UnboundedSender<(u64, FilterChange)>) {
         self.router.write().watch(to);
     }
 

@@ -139,6 +139,11 @@ impl Broker {
         Ok((Accepted { session, generation, ctl }, connack, restore))
     }
 
+    /// The client ids of the sessions this broker holds.
+    pub fn client_ids(&self) -> Vec<ByteString> {
+        self.sessions.lock().iter().map(|s| s.0.client_id.clone()).collect()
+    }
+
     /// True if this broker holds a session of `client_id` (connected or not).
     pub fn has_session(&self, client_id: &str) -> bool {
         self.sessions.lock().contains(client_id)
@@ -189,7 +194,7 @@ impl Broker {
         relay: Option<&RemoteRef>,
     ) -> Option<(Ticket, Vec<ByteString>)> {
         let session = self.sessions.lock().get(client_id)?.0.clone();
-        let filters: Vec<ByteString> = session.lock().subscriptions.drain().map(|(f, _)| f).collect();
+        let filters: Vec<ByteString> = session.lock().subscriptions.keys().cloned().collect();
         {
             let mut router = self.router.write();
             let options = SubscriptionOptions { qos: QoS::ExactlyOnce, ..SubscriptionOptions::default() };
@@ -203,9 +208,17 @@ impl Broker {
                 }
             }
         }
-        // Whatever was routed to the session before is in its store ticket now.
-        let persist = session.lock().persist.take();
+        // The connection goes as in a takeover (its will, if due, is sent here, once); the
+        // record is saved without it, then nothing more is written: whatever was routed to the
+        // session before is in its store ticket now.
         self.take_over(&session, false, now);
+        let persist = {
+            let mut st = session.lock();
+            st.will = None;
+            st.save(self.unix_secs(now));
+            st.subscriptions.clear();
+            st.persist.take()
+        };
         {
             let mut sessions = self.sessions.lock();
             if sessions.get(client_id).is_some_and(|s| Arc::ptr_eq(&s.0, &session)) {

@@ -100,7 +100,7 @@ pub struct Router {
     overlapping: Overlapping,
     /// Sessions and relays subscribed, by full filter.
     local: HashMap<Box<str>, usize>,
-    watcher: Option<UnboundedSender<FilterChange>>,
+    watcher: Option<UnboundedSender<(u64, FilterChange)>>,
     /// How many changes were sent to the watcher.
     changes: u64,
 }
@@ -119,12 +119,13 @@ impl Router {
         }
     }
 
-    /// From now on, sends `to` every [`FilterChange`]; first an `Added` for each filter that
-    /// has local subscriptions now.
-    pub fn watch(&mut self, to: UnboundedSender<FilterChange>) {
+    /// From now on, sends `to` every [`FilterChange`] with its number (see
+    /// [`Router::changes`]); first an `Added` for each filter that has local subscriptions now.
+    /// A watcher set before is replaced.
+    pub fn watch(&mut self, to: UnboundedSender<(u64, FilterChange)>) {
         for filter in self.local.keys() {
-            let _ = to.send(FilterChange::Added(filter.clone()));
             self.changes += 1;
+            let _ = to.send((self.changes, FilterChange::Added(filter.clone())));
         }
         self.watcher = Some(to);
     }
@@ -159,8 +160,8 @@ impl Router {
             }
         };
         if let (Some(change), Some(to)) = (change, &self.watcher) {
-            let _ = to.send(change);
             self.changes += 1;
+            let _ = to.send((self.changes, change));
         }
     }
 
