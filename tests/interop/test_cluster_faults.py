@@ -18,13 +18,13 @@ import pytest
 from conftest import BRAID_BIN, free_port
 from helpers import MQTTv311, MQTTv5, connect_client, unique, wait_until
 from redisproc import RedisServer
+from clusterutil import PROBE, wait_routed as _wait_routed
 from v5util import connect_props, rc
 
 pytestmark = pytest.mark.braid_only
 
 USE_ANOTHER_SERVER = 0x9C
 LEASE_S = 3.0  # cluster.lease_ms in conftest's braid_cluster
-PROBE = b"probe"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -49,24 +49,6 @@ def _reconnect(c, node, timeout=15.0):
         ev.clear()
     c.connect(clean_start=False, properties=connect_props(SessionExpiryInterval=300), timeout=timeout)
     return c
-
-
-def _wait_routed(pub, sub, topic, timeout=5.0):
-    """Publishes QoS 0 probes on ``topic`` through ``pub`` until ``sub`` receives one (its
-    subscription has reached the publisher's node), then drops the probes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pub.publish(topic, PROBE, qos=0)
-        try:
-            if sub.get_message(timeout=0.1).payload == PROBE:
-                break
-        except AssertionError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"a subscription to {topic!r} did not reach the publisher's node "
-                                 f"within {timeout}s")
-    time.sleep(0.2)
-    sub.drain()
 
 
 def _payloads(*clients):

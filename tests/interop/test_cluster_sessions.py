@@ -17,6 +17,7 @@ import pytest
 from helpers import (CONNACK, DISCONNECT, PINGRESP, PUBLISH, PUBREL, MQTTv311, MQTTv5,
                      connack_return_code, connack_session_present, decode_publish, pingreq_packet,
                      proto_id, puback_packet, pubcomp_packet, pubrec_packet, unique, wait_until)
+from clusterutil import PROBE, wait_routed as _wait_routed
 from raw_v5 import PUBACK, SESSION_EXPIRY_INTERVAL, Raw5, ack
 from raw_v5 import connect as connect5
 from v5util import connect_props, raw5, rc  # noqa: F401  (fixture)
@@ -24,7 +25,6 @@ from v5util import connect_props, raw5, rc  # noqa: F401  (fixture)
 pytestmark = pytest.mark.braid_only
 
 SESSION_TAKEN_OVER = 0x8E
-PROBE = b"probe"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -38,24 +38,6 @@ def _persistent(connect, node, cid, protocol, fresh=False, expiry=300):
         return connect(node, client_id=cid, protocol=MQTTv5, clean_start=fresh,
                        properties=connect_props(SessionExpiryInterval=expiry))
     return connect(node, client_id=cid, protocol=protocol, clean_session=False)
-
-
-def _wait_routed(pub, sub, topic, timeout=5.0):
-    """Publishes QoS 0 probes on ``topic`` through ``pub`` (on another node) until ``sub``
-    receives one: its subscription has reached the publisher's node. Then drops the probes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pub.publish(topic, PROBE, qos=0)
-        try:
-            if sub.get_message(timeout=0.1).payload == PROBE:
-                break
-        except AssertionError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"a subscription to {topic!r} did not reach the publisher's node "
-                                 f"within {timeout}s")
-    time.sleep(0.2)
-    sub.drain()
 
 
 def _payloads(msgs):

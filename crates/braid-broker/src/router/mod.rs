@@ -249,11 +249,7 @@ impl Router {
             let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.to.id() == msg.origin));
             let picks =
                 slot.groups.iter().filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
-            for (e, group) in subs.map(|e| (e, None)).chain(picks) {
-                let t = Target::new(e, group);
-                merging += usize::from(t.merges());
-                out.push(t);
-            }
+            push_targets(out, &mut merging, subs.map(|e| (e, None)).chain(picks));
         });
         if merging > 1 {
             merge_overlaps(out);
@@ -277,15 +273,25 @@ impl Router {
                 let pick = g.pick(strategy, msg, true).or_else(|| g.pick(strategy, msg, false));
                 pick.map(|e| (e, Some(&*g.name)))
             });
-            for (e, group) in subs.map(|e| (e, None)).chain(picks) {
-                let t = Target::new(e, group);
-                merging += usize::from(t.merges());
-                out.push(t);
-            }
+            push_targets(out, &mut merging, subs.map(|e| (e, None)).chain(picks));
         });
         if merging > 1 {
             merge_overlaps(out);
         }
+    }
+}
+
+/// Adds a target for each matching subscription (with the group it was picked from), counting
+/// in `merging` those that may merge.
+fn push_targets<'a>(
+    out: &mut Vec<Target<'a>>,
+    merging: &mut usize,
+    matches: impl Iterator<Item = (&'a SubEntry, Option<&'a str>)>,
+) {
+    for (e, group) in matches {
+        let t = Target::new(e, group);
+        *merging += usize::from(t.merges());
+        out.push(t);
     }
 }
 
