@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -58,10 +59,12 @@ class RedisServer:
     acl_user:   (user, password): an ACL user with full access while the default user is off;
                 url is redis://USER:PASSWORD@host:port.
     extra_args: more redis-server arguments, e.g. ("--maxmemory", "10mb").
+    tls:        (cert_file, key_file, ca_file): TLS only (no plain TCP port), clients not asked
+                for certificates; `port` is the TLS port and url is rediss://host:port.
     """
 
     def __init__(self, appendonly=True, password=None, acl_user=None, port=None, extra_args=(),
-                 start=True):
+                 start=True, tls=None):
         _need("redis-server")
         _need("redis-cli")
         self.host = HOST
@@ -70,6 +73,7 @@ class RedisServer:
         self.password = password
         self.acl_user = acl_user
         self.extra_args = list(extra_args)
+        self.tls = tuple(tls) if tls else None
         self.dir = tempfile.mkdtemp(prefix="redis-data-")
         self.log = tempfile.NamedTemporaryFile(prefix="redis-", suffix=".log", delete=False)
         self.proc = None
@@ -80,12 +84,13 @@ class RedisServer:
 
     @property
     def url(self):
+        scheme = "rediss" if self.tls else "redis"
         if self.acl_user:
             user, pw = self.acl_user
-            return f"redis://{quote(user, safe='')}:{quote(pw, safe='')}@{self.host}:{self.port}"
+            return f"{scheme}://{quote(user, safe='')}:{quote(pw, safe='')}@{self.host}:{self.port}"
         if self.password:
-            return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}"
-        return f"redis://{self.host}:{self.port}"
+            return f"{scheme}://:{quote(self.password, safe='')}@{self.host}:{self.port}"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def addr(self):
@@ -102,8 +107,14 @@ class RedisServer:
     # ---- process ------------------------------------------------------------------------------
 
     def command(self):
+        if self.tls:
+            cert, key, ca = self.tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert,
+                     "--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
+        else:
+            ports = ["--port", str(self.port)]
         cmd = ["redis-server",
-               "--bind", self.host, "--port", str(self.port), "--dir", self.dir,
+               "--bind", self.host, *ports, "--dir", self.dir,
                "--save", "", "--appendonly", "yes" if self.appendonly else "no",
                "--appendfsync", "everysec", "--protected-mode", "no", "--daemonize", "no"]
         if self.password:
@@ -138,7 +149,7 @@ class RedisServer:
                 raise RuntimeError(f"redis-server on {self.addr} exited with code "
                                    f"{self.proc.returncode}:\n{self.log_text()[-3000:]}")
             try:
-                with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                with self._socket(timeout=0.5) as s:
                     if self.acl_user:
                         last = _resp(s, "AUTH", *self.acl_user)
                     elif self.password:
@@ -151,6 +162,18 @@ class RedisServer:
                 last = str(e)
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on {self.addr} not ready within {timeout}s ({last})")
+
+    def _socket(self, timeout):
+        """A connection to the server: plain TCP, or TLS checked against the tls CA."""
+        s = socket.create_connection((self.host, self.port), timeout=timeout)
+        if not self.tls:
+            return s
+        try:
+            return ssl.create_default_context(cafile=self.tls[2]).wrap_socket(
+                s, server_hostname=self.host)
+        except BaseException:
+            s.close()
+            raise
 
     def stop(self, timeout=10.0):
         """SIGTERM (Redis fsyncs its AOF and exits) and wait; SIGKILL after `timeout`."""
@@ -183,6 +206,8 @@ class RedisServer:
 
     def cli_args(self):
         args = ["redis-cli", "-h", self.host, "-p", str(self.port), "--no-auth-warning"]
+        if self.tls:
+            args += ["--tls", "--cacert", self.tls[2]]
         if self.acl_user:
             args += ["--user", self.acl_user[0], "--pass", self.acl_user[1]]
         elif self.password:

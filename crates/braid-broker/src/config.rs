@@ -561,7 +561,7 @@ impl Default for StoreConfig {
     }
 }
 
-/// What a node cut off from Redis for longer than its lease does.
+/// What a node cut off from Redis for three quarters of its lease does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PartitionPolicy {
@@ -589,7 +589,7 @@ pub struct ClusterConfig {
     /// A node's lease in Redis, in milliseconds: a node not heard from for this long is dead,
     /// and its clients' sessions may be taken over.
     pub lease_ms: u64,
-    /// What a node cut off from Redis for longer than its lease does.
+    /// What a node cut off from Redis for three quarters of its lease does.
     pub on_partition: PartitionPolicy,
     /// How long a CONNECT waits for the node that holds its session to hand it over, in
     /// milliseconds; a node that does not answer is waited for until its lease lapses, then

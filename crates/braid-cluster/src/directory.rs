@@ -234,9 +234,13 @@ async fn check_owner(shared: &Shared, broker: &Broker, client_id: &str) {
     }
 }
 
-/// Reads `client_id`'s session from Redis and has the broker adopt it: false if Redis has no
-/// session (it ended).
-pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> Result<bool, ClusterError> {
+/// Reads `client_id`'s session from Redis and has the broker adopt it; returns its id here,
+/// None if Redis has no session (it ended).
+pub(crate) async fn adopt(
+    shared: &Shared,
+    broker: &Arc<Broker>,
+    client_id: &str,
+) -> Result<Option<u64>, ClusterError> {
     let keys = shared.keys.session(client_id);
     let mut conn = shared.conn.clone();
     let replies: Vec<Value> = redis::pipe()
@@ -255,12 +259,23 @@ pub(crate) async fn adopt(shared: &Shared, broker: &Broker, client_id: &str) -> 
     let Some(mut session) =
         read_session(client_id, &replies[0], &replies[1..3], &replies[3]).map_err(ClusterError::Redis)?
     else {
-        return Ok(false);
+        return Ok(None);
     };
-    session.record.id = broker.new_session_id();
-    shared.store.bind(session.record.id, client_id);
+    let id = broker.new_session_id();
+    session.record.id = id;
+    shared.store.bind(id, client_id);
     broker.adopt(session, Instant::now());
-    Ok(true)
+    // Until every node routes by the move (relays and a gone node's inbox drained included),
+    // a message may come by two ways.
+    let settle = Duration::from_millis(shared.config.lease_ms) + reaper::GRACE;
+    let (broker, client_id) = (Arc::downgrade(broker), client_id.to_string());
+    tokio::spawn(async move {
+        tokio::time::sleep(settle).await;
+        if let Some(broker) = broker.upgrade() {
+            broker.settled(&client_id);
+        }
+    });
+    Ok(Some(id))
 }
 
 /// Takes in, at start, the sessions Redis says this node holds (it stopped or died with
@@ -285,7 +300,7 @@ pub(crate) async fn adopt_owned(shared: &Arc<Shared>, broker: &Arc<Broker>) -> R
         let mine = matches!(&meta, (Some(owner), Some(_)) if *owner == shared.me);
         if let (true, Some(epoch)) = (mine, meta.1) {
             shared.store.set_epoch(&client_id, epoch);
-            if adopt(shared, broker, &client_id).await? {
+            if adopt(shared, broker, &client_id).await?.is_some() {
                 adopted += 1;
                 continue;
             }

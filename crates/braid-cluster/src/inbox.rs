@@ -15,11 +15,12 @@ use redis::Value;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use braid_broker::broker::Broker;
+use braid_broker::broker::{Broker, Holder};
 use braid_broker::message::{Message, RemoteId};
 use braid_broker::router::Scope;
 use braid_broker::store::Store;
 
+use crate::reaper::Taken;
 use crate::routes::stream_entries;
 use crate::wire::{self, Entry};
 use crate::{directory, log_failure, ClusterError, Shared};
@@ -91,14 +92,18 @@ async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: S
     let mut failing = false;
     let mut backlog = Backlog::default();
     let claiming = shared.claiming.subscribe();
+    let slow_consumer = Duration::from_secs(broker.config.session.slow_consumer_timeout_secs);
+    let (mut held, mut held_since) = (Vec::new(), Instant::now());
     loop {
-        if !backlog.ids.is_empty() && *claiming.borrow() == 0 {
-            route(&shared, &broker, &inbox, &mut backlog).await;
+        still_held(&mut held, held_since, slow_consumer, Instant::now());
+        if !backlog.ids.is_empty() && *claiming.borrow() == 0 && held.is_empty() {
+            held = route(&shared, &broker, &inbox, &mut backlog, Source::Own).await;
+            held_since = Instant::now();
         }
         let from = if pending { "0" } else { ">" };
         // A read in flight is never dropped (what it took would stay pending unread): while
-        // messages wait for a claim, reads wait briefly, to see the claim end soon.
-        let block = if backlog.ids.is_empty() { 1000 } else { 10 };
+        // messages wait (a claim, a held session), reads wait briefly, to see that end soon.
+        let block = if backlog.ids.is_empty() && held.is_empty() { 1000 } else { 10 };
         let read = tokio::select! {
             r = read_group(&mut conn, &inbox, &shared.me, from, shared.config.batch, Some(block)) => r,
             _ = broker.shutdown.cancelled() => return,
@@ -156,25 +161,68 @@ pub(crate) fn take_in(
     }
 }
 
-/// Routes the messages of `backlog` (read from `inbox`), those received before excepted, and
-/// acknowledges and deletes its entries once what they queued is durable.
-pub(crate) async fn route(shared: &Shared, broker: &Broker, inbox: &str, backlog: &mut Backlog) {
+/// Whose inbox entries are routed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// This node's own.
+    Own,
+    /// A gone node's, taken over: its messages are for the sessions adopted from it.
+    Gone(&'a Taken),
+}
+
+/// Routes the messages of `backlog` (read from `inbox`, of `source`), those received before
+/// excepted, and acknowledges and deletes its entries once what they queued is durable.
+/// Returns the sessions that hold the inbox back (see [`still_held`]).
+pub(crate) async fn route(
+    shared: &Shared,
+    broker: &Broker,
+    inbox: &str,
+    backlog: &mut Backlog,
+    source: Source<'_>,
+) -> Vec<Holder> {
+    let seen = match source {
+        Source::Own => &shared.seen,
+        Source::Gone(taken) => &taken.seen,
+    };
     let mut ticket = 0;
+    let mut held = Vec::new();
     for (msg, scope) in backlog.messages.drain(..) {
-        if msg.remote_id.as_ref().is_some_and(|id| !shared.seen.lock().first(id)) {
+        if msg.remote_id.as_ref().is_some_and(|id| !seen.lock().first(id)) {
             debug!("cluster: a message received twice is dropped");
             continue;
         }
         let own = msg.remote_id.as_ref().filter(|id| *id.sender == *shared.incarnation).map(|id| id.number);
-        let published = match own {
-            Some(number) => broker.publish_returned(msg, &scope, number, Instant::now()),
-            None => broker.publish_forwarded(msg, &scope, Instant::now()),
+        let now = Instant::now();
+        let published = match (source, own) {
+            (Source::Gone(taken), _) => broker.publish_drained(msg, &scope, &taken.sessions, now),
+            (Source::Own, Some(number)) => broker.publish_returned(msg, &scope, number, now),
+            (Source::Own, None) => broker.publish_forwarded(msg, &scope, now),
         };
         ticket = ticket.max(published.ticket);
+        held.extend(published.held);
     }
     wait_durable(&*shared.store, ticket).await;
     acknowledge(shared, inbox, &backlog.ids).await;
     backlog.ids.clear();
+    held
+}
+
+/// Sessions over their queue's limits hold the inbox back, as they would hold a publisher of
+/// their own node: what other nodes send waits in Redis meanwhile. Keeps those that still
+/// hold at `now`; one held since `since` for `slow_consumer` (if set) is evicted as a slow
+/// consumer, as on one node.
+fn still_held(held: &mut Vec<Holder>, since: Instant, slow_consumer: Duration, now: Instant) {
+    held.retain(|h| {
+        let blocks = h.session.lock().blocks_publishers_now();
+        match h.paced_until {
+            Some(until) => blocks && now < until,
+            None if blocks && !slow_consumer.is_zero() && now >= since + slow_consumer => {
+                h.session.evict_slow_consumer(slow_consumer.as_secs());
+                false
+            }
+            None => blocks,
+        }
+    });
 }
 
 /// XREADGROUP of up to `count` entries of `inbox` as consumer `me`, from `from` ("0": those

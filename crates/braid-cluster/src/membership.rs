@@ -74,28 +74,32 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
     let mut conn = shared.conn.clone();
     let mut renewed = Instant::now();
     let mut nodes_seen = String::new();
+    // A lapsed lease was found and joining again has not succeeded yet.
+    let mut rejoining = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = broker.shutdown.cancelled() => break,
         }
         match renew(&shared, &mut conn).await {
-            Ok(Renewed::Held) => {
+            Ok(Renewed::Held) if !rejoining => {
                 renewed = Instant::now();
                 if !shared.serving.swap(true, Ordering::Relaxed) {
                     info!("cluster: Redis reached again; serving clients again");
                 }
             }
-            Ok(Renewed::Lapsed) => {
+            Ok(Renewed::Held | Renewed::Lapsed) => {
                 warn!("cluster: this node's lease had lapsed (cut off, or Redis lost its data): its sessions may have been taken over; letting them go and joining again");
                 stop_serving(&shared, &broker);
+                rejoining = true;
                 match rejoin(&shared, &broker).await {
                     Ok(()) => {
+                        rejoining = false;
                         renewed = Instant::now();
                         shared.serving.store(true, Ordering::Relaxed);
                         info!("cluster: joined again; serving clients again");
                     }
-                    Err(e) => warn!("cluster: joining again failed ({e}); retried"),
+                    Err(e) => warn!("cluster: joining again failed ({e}); retried at the next renewal"),
                 }
             }
             Ok(Renewed::Taken) => {

@@ -5,17 +5,19 @@
 //! clears the gone node's routes, so nothing more is sent there, and keeps draining for a
 //! grace period while the other nodes catch up with that change.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::redis::Conn;
+use parking_lot::Mutex;
 use redis::Value;
 use tracing::{info, warn};
 
 use braid_broker::broker::Broker;
 
 use crate::directory;
-use crate::inbox::{self, create_group, read_group, GROUP};
+use crate::inbox::{self, create_group, read_group, Seen, Source, GROUP};
 use crate::membership;
 use crate::redis::bytes;
 use crate::routes::{self, entries_of, stream_entries};
@@ -29,7 +31,7 @@ return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 "#;
 
 /// How long the inbox of a gone node is still drained after its routes were cleared.
-const GRACE: Duration = Duration::from_secs(3);
+pub(crate) const GRACE: Duration = Duration::from_secs(3);
 
 /// Looks for gone nodes every half lease and takes over those no other node is taking over
 /// (sessions whose clients have not come back elsewhere).
@@ -82,21 +84,35 @@ pub(crate) async fn take_over(
     shared.reaping.send_modify(|n| *n += 1);
     let reaped = reap(shared, broker, node).await;
     shared.reaping.send_modify(|n| *n -= 1);
-    if let Err(e) = reaped {
-        let _: redis::RedisResult<()> =
-            redis::cmd("DEL").arg(shared.keys.reaping(node)).query_async(&mut conn).await;
-        return Err(e);
+    match reaped {
+        Ok(taken) => {
+            tokio::spawn(finish(shared.clone(), broker.clone(), node.to_string(), Instant::now(), taken));
+            Ok(true)
+        }
+        Err(e) => {
+            let _: redis::RedisResult<()> =
+                redis::cmd("DEL").arg(shared.keys.reaping(node)).query_async(&mut conn).await;
+            Err(e)
+        }
     }
-    tokio::spawn(finish(shared.clone(), broker.clone(), node.to_string(), Instant::now()));
-    Ok(true)
 }
 
-async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::RedisResult<()> {
+/// What this node took over from a gone node: the ids here of the sessions it adopted (the
+/// gone node's inbox was theirs) and the messages read from that inbox.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    /// Adopted sessions' ids.
+    pub sessions: HashSet<u64>,
+    /// The duplicate check of the gone node's inbox.
+    pub seen: Mutex<Seen>,
+}
+
+async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::RedisResult<Arc<Taken>> {
     let started = Instant::now();
     let mut conn = shared.conn.clone();
     let owned: Vec<String> =
         redis::cmd("SMEMBERS").arg(shared.keys.owned(node)).query_async(&mut conn).await?;
-    let mut sessions = 0;
+    let mut taken = Taken::default();
     for client_id in &owned {
         let keys = shared.keys.session(client_id);
         let epoch: i64 = redis::cmd("EVAL")
@@ -109,46 +125,58 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
             .await?;
         if epoch > 0 {
             shared.store.set_epoch(client_id, epoch as u64);
-            let adopted = broker.has_session(client_id)
-                || directory::adopt(shared, broker, client_id).await.map_err(|e| {
+            let id = match broker.session_id(client_id) {
+                Some(id) => Some(id),
+                None => directory::adopt(shared, broker, client_id).await.map_err(|e| {
                     redis::RedisError::from((redis::ErrorKind::Client, "adopting a session", e.to_string()))
-                })?;
-            if adopted {
+                })?,
+            };
+            if let Some(id) = id {
                 let _: () = redis::cmd("SADD")
                     .arg(shared.keys.owned(&shared.me))
                     .arg(client_id)
                     .query_async(&mut conn)
                     .await?;
-                sessions += 1;
+                taken.sessions.insert(id);
             }
         }
         let _: () =
             redis::cmd("SREM").arg(shared.keys.owned(node)).arg(client_id).query_async(&mut conn).await?;
     }
+    let taken = Arc::new(taken);
     let inbox = shared.keys.inbox(node);
     let _ = create_group(&mut conn, &inbox).await;
-    let drained = drain(shared, broker, &mut conn, &inbox, node).await?;
+    let drained = drain(shared, broker, &mut conn, &inbox, node, &taken).await?;
     // Nothing more is routed there once every node has applied this; the adopted sessions'
-    // routes are in the log before it.
+    // routes are in the log before it. Not if the node is back meanwhile: they are its own.
     routes::flushed(shared, broker).await;
+    if membership::alive(shared, &mut conn, node).await {
+        info!(%node, "cluster: a node being taken over is back; its routes stay");
+        return Ok(taken);
+    }
     let mut forget_routes = redis::cmd("DEL");
     forget_routes.arg(shared.keys.routes(node));
     let mut logged = redis::cmd("XADD");
     logged.arg(shared.keys.route_log()).arg("*").arg("n").arg(node).arg("o").arg("reset").arg("f").arg("");
     conn.run_all(&[forget_routes, logged]).await?;
+    let sessions = taken.sessions.len();
     info!(%node, sessions, messages = drained, ms = started.elapsed().as_millis() as u64, "cluster: took over a gone node");
-    Ok(())
+    Ok(taken)
 }
 
 /// Drains the gone node's inbox for a grace period after its routes were cleared (nodes that
 /// had not applied that yet may still send there), then forgets the node.
-async fn finish(shared: Arc<Shared>, broker: Arc<Broker>, node: String, since: Instant) {
+async fn finish(shared: Arc<Shared>, broker: Arc<Broker>, node: String, since: Instant, taken: Arc<Taken>) {
     let mut conn = shared.conn.clone();
     let inbox = shared.keys.inbox(&node);
     let mut late = 0;
     while since.elapsed() < GRACE {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        match drain(&shared, &broker, &mut conn, &inbox, &node).await {
+        if membership::alive(&shared, &mut conn, &node).await {
+            // Back: what arrives in its inbox now is for its own new sessions.
+            break;
+        }
+        match drain(&shared, &broker, &mut conn, &inbox, &node, &taken).await {
             Ok(n) => late += n,
             Err(e) => warn!(%node, "cluster: draining a gone node's inbox: {e}"),
         }
@@ -176,6 +204,7 @@ async fn drain(
     conn: &mut Conn,
     inbox: &str,
     node: &str,
+    taken: &Taken,
 ) -> redis::RedisResult<usize> {
     let consumer = format!("{}:reaping:{node}", shared.me);
     let mut total = 0;
@@ -197,7 +226,8 @@ async fn drain(
         total += entries.len();
         let mut backlog = inbox::Backlog::default();
         inbox::take_in(shared, broker, entries, false, &mut backlog);
-        inbox::route(shared, broker, inbox, &mut backlog).await;
+        // A gone node's inbox is drained at once, whoever it holds.
+        let _ = inbox::route(shared, broker, inbox, &mut backlog, Source::Gone(taken)).await;
         match next {
             Some(n) if n != "0-0" => start = n,
             _ => break,
@@ -212,7 +242,8 @@ async fn drain(
         total += entries.len();
         let mut backlog = inbox::Backlog::default();
         inbox::take_in(shared, broker, entries, false, &mut backlog);
-        inbox::route(shared, broker, inbox, &mut backlog).await;
+        // A gone node's inbox is drained at once, whoever it holds.
+        let _ = inbox::route(shared, broker, inbox, &mut backlog, Source::Gone(taken)).await;
     }
     Ok(total)
 }

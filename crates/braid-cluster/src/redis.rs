@@ -73,9 +73,9 @@ impl ConnectionLike for Conn {
 }
 
 impl Conn {
-    /// Runs `cmds` in order and returns their replies: one pipeline on one Redis; on a Redis
-    /// Cluster, whose pipelines must stay on one slot, each command on its own, all in flight
-    /// at once (the commands of one slot still reach it in order).
+    /// Runs `cmds` and returns their replies, in order: one pipeline on one Redis; on a Redis
+    /// Cluster, whose pipelines must stay on one slot, one pipeline per hash tag (the
+    /// commands of one tag keep their order; different tags run at once).
     pub(crate) async fn run_all(&mut self, cmds: &[Cmd]) -> redis::RedisResult<Vec<Value>> {
         match self {
             Conn::Single(c) => {
@@ -86,14 +86,54 @@ impl Conn {
                 pipe.query_async(c).await
             }
             Conn::Cluster(c) => {
-                let requests = cmds.iter().map(|cmd| {
+                let mut groups: Vec<(Vec<u8>, Vec<usize>)> = Vec::new();
+                for (i, cmd) in cmds.iter().enumerate() {
+                    let tag = hash_tag(cmd);
+                    match groups.iter_mut().find(|(t, _)| *t == tag) {
+                        Some((_, members)) => members.push(i),
+                        None => groups.push((tag, vec![i])),
+                    }
+                }
+                let requests = groups.iter().map(|(_, members)| {
                     let mut c = c.clone();
-                    async move { cmd.query_async::<Value>(&mut c).await }
+                    let mut pipe = redis::pipe();
+                    for &i in members {
+                        pipe.add_command(cmds[i].clone());
+                    }
+                    async move { pipe.query_async::<Vec<Value>>(&mut c).await }
                 });
-                futures_util::future::join_all(requests).await.into_iter().collect()
+                let mut out = vec![Value::Nil; cmds.len()];
+                for ((_, members), replies) in
+                    groups.iter().zip(futures_util::future::join_all(requests).await)
+                {
+                    for (&i, reply) in members.iter().zip(replies?) {
+                        out[i] = reply;
+                    }
+                }
+                Ok(out)
             }
         }
     }
+}
+
+/// What decides a command's slot on a Redis Cluster: the hash tag of its key (the part in the
+/// first `{...}`), or the whole key. The key is the first argument (EVAL: the first key).
+fn hash_tag(cmd: &Cmd) -> Vec<u8> {
+    let args: Vec<&[u8]> = cmd
+        .args_iter()
+        .filter_map(|a| match a {
+            redis::Arg::Simple(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    let is_eval =
+        args.first().is_some_and(|n| n.eq_ignore_ascii_case(b"EVAL") || n.eq_ignore_ascii_case(b"EVALSHA"));
+    let key = args.get(if is_eval { 3 } else { 1 }).copied().unwrap_or_default();
+    let tag = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &key[open + 1..open + 1 + close])
+    });
+    tag.unwrap_or(key).to_vec()
 }
 
 impl Redis {
@@ -199,7 +239,17 @@ pub(crate) fn int(v: &Value) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{hash_tag, redact};
+
+    #[test]
+    fn commands_of_one_session_or_node_share_a_tag() {
+        let eval = redis::cmd("EVAL").arg("script").arg(4).arg("braid:s:{c1}").arg("braid:q:{c1}").clone();
+        let xadd = redis::cmd("XADD").arg("braid:inbox:{n2}").arg("*").clone();
+        let plain = redis::cmd("HSET").arg("braid:nodes").arg("n1").clone();
+        assert_eq!(hash_tag(&eval), b"c1");
+        assert_eq!(hash_tag(&xadd), b"n2");
+        assert_eq!(hash_tag(&plain), b"braid:nodes");
+    }
 
     #[test]
     fn passwords_stay_out_of_logs() {

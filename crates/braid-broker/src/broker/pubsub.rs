@@ -1,6 +1,7 @@
 //! SUBSCRIBE, UNSUBSCRIBE and PUBLISH: the router and the retained store on one side, the
 //! target sessions on the other.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -175,6 +176,27 @@ impl Broker {
         router.route_forwarded(&msg, scope, &mut targets);
         // Session ids and forward numbers come from one counter: a later session has a higher id.
         targets.retain(|t| t.to.session().is_some_and(|s| t.group.is_some() || s.id > number));
+        self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        out
+    }
+
+    /// Routes `msg`, read at `now` from the inbox of a node this broker took over, within
+    /// `scope`: by a normal subscription only to the sessions `adopted` from that node (whose
+    /// inbox it was; the others here had their own copy), to one member of each group in
+    /// `scope` (here, or on another node if none is left here).
+    pub fn publish_drained(
+        &self,
+        msg: Arc<Message>,
+        scope: &Scope,
+        adopted: &HashSet<u64>,
+        now: Instant,
+    ) -> Published {
+        let mut out = Published::default();
+        let router = self.router.read();
+        let mut targets = Vec::new();
+        router.route_forwarded(&msg, scope, &mut targets);
+        targets.retain(|t| t.group.is_some() || t.to.session().is_some_and(|s| adopted.contains(&s.id)));
+        self.forward_to_remotes(&msg, &targets, &mut out, now);
         self.deliver_to_sessions(&msg, &targets, &mut out, now);
         out
     }

@@ -10,7 +10,7 @@ use super::lifecycle::will_delay;
 use super::{split_filter, Broker, ById};
 use crate::message::StreamTag;
 use crate::router::{SubEntry, Subscriber};
-use crate::session::{OnDisk, Persist, Queue, Session};
+use crate::session::{OnDisk, Persist, Queue, RemoteIds, Session};
 use crate::store::RecoveredSession;
 
 impl Broker {
@@ -40,9 +40,28 @@ impl Broker {
     /// Takes in `session`, handed over by another node of a cluster, as an offline persistent
     /// session whose deliveries the store keeps; its subscriptions route to it from now on.
     /// Its record's `id` must come from [`Broker::new_session_id`] (the store may have to know
-    /// it first: its will or its end may be due at once).
+    /// it first: its will or its end may be due at once). Until [`Broker::settled`], a message
+    /// from another node it holds or was offered is not queued for it again.
     pub fn adopt(&self, session: RecoveredSession, now: Instant) {
+        let client_id = session.record.client_id.clone();
+        let held: RemoteIds = session.held_remote.iter().cloned().collect();
         self.restore_session(session, self.unix_secs(now), now);
+        self.with_persist(&client_id, |p| p.remote_ids = Some(Box::new(held)));
+    }
+
+    /// `client_id`'s move to this broker has settled: messages from other nodes no longer come
+    /// to it by two ways, and it stops remembering them (see [`Broker::adopt`]).
+    pub fn settled(&self, client_id: &str) {
+        self.with_persist(client_id, |p| p.remote_ids = None);
+    }
+
+    /// Runs `f` on the store link of `client_id`'s session, if it has one here.
+    fn with_persist(&self, client_id: &str, f: impl FnOnce(&mut Persist)) {
+        let Some(session) = self.sessions.lock().get(client_id).map(|s| s.0.clone()) else { return };
+        let mut st = session.lock();
+        if let Some(p) = st.persist.as_deref_mut() {
+            f(p);
+        }
     }
 
     /// Puts a session the store kept into the registry and its subscriptions into the router;
@@ -71,7 +90,6 @@ impl Broker {
                 disk.push_back(item);
             }
             p.offline = Some(disk);
-            p.held_remote = r.held_remote.into_iter().collect();
             st.persist = Some(Box::new(p));
             st.will.as_ref().map(|w| will_delay(w, st.expiry_secs))
         };

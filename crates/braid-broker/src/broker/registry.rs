@@ -144,6 +144,11 @@ impl Broker {
         self.sessions.lock().iter().map(|s| s.0.client_id.clone()).collect()
     }
 
+    /// The id of `client_id`'s session here, if this broker holds one.
+    pub fn session_id(&self, client_id: &str) -> Option<u64> {
+        self.sessions.lock().get(client_id).map(|s| s.0.id)
+    }
+
     /// True if this broker holds a session of `client_id` (connected or not).
     pub fn has_session(&self, client_id: &str) -> bool {
         self.sessions.lock().contains(client_id)

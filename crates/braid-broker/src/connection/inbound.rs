@@ -506,24 +506,28 @@ impl<'a> Inbound<'a> {
 /// past `slow_consumer` is disconnected. Cancel-safe; never resolves when nothing is held.
 async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> Option<(Packet, Ticket)> {
     let Some(h) = held.as_mut() else { return std::future::pending().await };
-    while let Some(Holder { session: s, paced_until }) = h.sessions.last() {
-        if let Some(until) = paced_until {
-            // Pacing only: past it the subscriber is left behind.
-            let _ = tokio::time::timeout_at((*until).into(), s.wait_for_space()).await;
-        } else if slow_consumer.is_zero() {
-            s.wait_for_space().await;
-        } else {
-            let deadline = h.since + slow_consumer;
-            if tokio::time::timeout_at(deadline.into(), s.wait_for_space()).await.is_err() {
-                s.evict_slow_consumer(slow_consumer.as_secs());
-                s.wait_for_space().await;
-            }
-        }
+    while let Some(holder) = h.sessions.last() {
+        released(holder, h.since, slow_consumer).await;
         h.sessions.pop();
     }
     match held.take() {
         Some(h) => h.ack.map(|ack| (ack, h.ticket)),
         None => std::future::pending().await,
+    }
+}
+
+/// Waits until `holder` lets a publisher it held back at `since` go on: as its queue drains;
+/// for a paced one, at the end of its pacing (past it the subscriber is left behind); else,
+/// with `slow_consumer` set, once it has been evicted as a slow consumer past that. Cancel-safe.
+async fn released(holder: &Holder, since: Instant, slow_consumer: Duration) {
+    let s = &holder.session;
+    if let Some(until) = holder.paced_until {
+        let _ = tokio::time::timeout_at(until.into(), s.wait_for_space()).await;
+    } else if slow_consumer.is_zero() {
+        s.wait_for_space().await;
+    } else if tokio::time::timeout_at((since + slow_consumer).into(), s.wait_for_space()).await.is_err() {
+        s.evict_slow_consumer(slow_consumer.as_secs());
+        s.wait_for_space().await;
     }
 }
 

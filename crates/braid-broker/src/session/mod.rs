@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use braid_proto::ByteString;
 
 pub use alias::OutboundAliases;
-pub use persist::{Persist, Restore};
+pub use persist::{Persist, RemoteIds, Restore};
 pub use qos2::Qos2Ids;
 pub use queue::{Enqueued, Item, OnDisk, Queue, QueueLimits};
 pub use state::{Link, Outbox, Release, SessionState, Transmit};

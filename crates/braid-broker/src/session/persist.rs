@@ -2,7 +2,7 @@
 //! index of what waits on disk while it is offline, and the ticket of its latest change (what
 //! an acknowledgement waits for under sync durability).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -28,9 +28,46 @@ pub struct Persist {
     pub offline: Option<Queue<OnDisk>>,
     /// Ticket of the latest change submitted.
     pub ticket: Ticket,
-    /// Messages from other nodes its deliveries held when it came from the store (see
-    /// [`crate::store::RecoveredSession::held_remote`]): offered again, they are not queued.
-    pub held_remote: HashSet<RemoteId>,
+    /// For a session a cluster node adopted, while the move settles (see
+    /// [`crate::broker::Broker::adopt`]): the messages from other nodes it holds or was offered,
+    /// none of which is queued twice (it may come by two nodes' inboxes meanwhile).
+    pub remote_ids: Option<Box<RemoteIds>>,
+}
+
+/// The latest messages from other nodes a session was offered, by their remote id.
+#[derive(Debug, Default)]
+pub struct RemoteIds {
+    ids: HashSet<RemoteId>,
+    order: VecDeque<RemoteId>,
+}
+
+impl RemoteIds {
+    /// How many it remembers.
+    const KEPT: usize = 4096;
+
+    /// Remembers `id`; false if it did already.
+    pub fn first(&mut self, id: &RemoteId) -> bool {
+        if !self.ids.insert(id.clone()) {
+            return false;
+        }
+        self.order.push_back(id.clone());
+        if self.order.len() > Self::KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+impl FromIterator<RemoteId> for RemoteIds {
+    fn from_iter<I: IntoIterator<Item = RemoteId>>(ids: I) -> RemoteIds {
+        let mut out = RemoteIds::default();
+        for id in ids {
+            out.first(&id);
+        }
+        out
+    }
 }
 
 impl Persist {
@@ -43,7 +80,7 @@ impl Persist {
             next_seq: next_seq.max(1),
             offline: None,
             ticket: 0,
-            held_remote: HashSet::new(),
+            remote_ids: None,
         }
     }
 
@@ -61,9 +98,11 @@ impl Persist {
     /// Offers `d` to the session: to disk only while offline, else to disk and `queue`.
     pub fn enqueue(&mut self, mut d: Delivery, queue: &mut Queue, online: bool) -> Enqueued {
         use Enqueued::*;
-        if d.msg.remote_id.as_ref().is_some_and(|id| self.held_remote.contains(id)) {
-            // Read again from another node's inbox after that node went down: queued already.
-            return Queued;
+        if let (Some(id), Some(ids)) = (&d.msg.remote_id, self.remote_ids.as_mut()) {
+            if !ids.first(id) {
+                // By a second way while the session's move settles: queued already.
+                return Queued;
+            }
         }
         let (r, evicted) = match self.offline.as_mut().filter(|_| !online) {
             Some(disk) => {
