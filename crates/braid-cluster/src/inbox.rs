@@ -6,7 +6,7 @@
 //! twice (that, a sender's retried write, or both its old and new holder's inbox) is dropped
 //! by its sender's incarnation and number.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,12 +18,12 @@ use tracing::{debug, info, warn};
 use braid_broker::broker::{Broker, Holder};
 use braid_broker::message::{Message, RemoteId};
 use braid_broker::router::Scope;
-use braid_broker::store::Store;
+use braid_proto::ByteString;
+use parking_lot::Mutex;
 
-use crate::reaper::Taken;
-use crate::routes::stream_entries;
+use crate::streams::stream_entries;
 use crate::wire::{self, Entry};
-use crate::{directory, log_failure, ClusterError, Shared};
+use crate::{log_failure, ClusterError, Shared};
 
 /// The consumer group every inbox is read through.
 pub(crate) const GROUP: &str = "braid";
@@ -68,12 +68,20 @@ pub(crate) async fn create_group(conn: &mut Conn, inbox: &str) -> Result<(), Clu
     }
 }
 
+/// What the node does with a request, read from its inbox, to hand a session over: the
+/// client id and the node that asks.
+pub(crate) type OnRelease = Arc<dyn Fn(ByteString, String) + Send + Sync>;
+
 /// Creates this node's inbox group and returns the reader's task.
-pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) -> Result<JoinHandle<()>, ClusterError> {
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    broker: Arc<Broker>,
+    on_release: OnRelease,
+) -> Result<JoinHandle<()>, ClusterError> {
     let inbox = shared.keys.inbox(&shared.me);
     create_group(&mut shared.conn.clone(), &inbox).await?;
     let reader = shared.redis.connect(Duration::from_secs(5)).await?;
-    Ok(tokio::spawn(read(shared, broker, reader, inbox)))
+    Ok(tokio::spawn(read(shared, broker, reader, inbox, on_release)))
 }
 
 /// Entries read and not acknowledged yet: the messages wait here while a takeover is under
@@ -87,7 +95,13 @@ pub(crate) struct Backlog {
 /// Reads the inbox until the broker shuts down: first what was read before but never
 /// acknowledged (pending), then new entries. Handover requests and answers are acted on as
 /// they come; messages are routed when no claim is under way here.
-async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: String) {
+async fn read(
+    shared: Arc<Shared>,
+    broker: Arc<Broker>,
+    mut conn: Conn,
+    inbox: String,
+    on_release: OnRelease,
+) {
     let mut pending = true;
     let mut failing = false;
     let mut backlog = Backlog::default();
@@ -130,27 +144,28 @@ async fn read(shared: Arc<Shared>, broker: Arc<Broker>, mut conn: Conn, inbox: S
             pending = false;
             continue;
         }
-        take_in(&shared, &broker, entries, true, &mut backlog);
+        take_in(&shared, entries, Some(&on_release), &mut backlog);
     }
 }
 
-/// Adds `entries` to `backlog`; if `answer` (this node's own inbox), acts on the handover
-/// requests and answers among them.
+/// Adds `entries` to `backlog`; with `on_release` (this node's own inbox), acts on the
+/// handover requests and answers among them.
 pub(crate) fn take_in(
-    shared: &Arc<Shared>,
-    broker: &Arc<Broker>,
+    shared: &Shared,
     entries: Vec<(String, Vec<Value>)>,
-    answer: bool,
+    on_release: Option<&OnRelease>,
     backlog: &mut Backlog,
 ) {
     for (id, fields) in entries {
         backlog.ids.push(id);
         match wire::read(&fields) {
             Ok(Entry::Message { msg, scope }) => backlog.messages.push((msg, scope)),
-            Ok(Entry::Release { client_id, from }) if answer => {
-                tokio::spawn(directory::hand_over(shared.clone(), broker.clone(), client_id, from));
+            Ok(Entry::Release { client_id, from }) => {
+                if let Some(on_release) = on_release {
+                    on_release(client_id, from);
+                }
             }
-            Ok(Entry::Released { client_id }) if answer => {
+            Ok(Entry::Released { client_id }) if on_release.is_some() => {
                 if let Some(tx) = shared.handovers.lock().remove(&client_id) {
                     let _ = tx.send(());
                 }
@@ -159,6 +174,16 @@ pub(crate) fn take_in(
             Err(e) => warn!("cluster: an unreadable inbox entry is skipped: {e}"),
         }
     }
+}
+
+/// What this node took over from a gone node: the ids here of the sessions it adopted (the
+/// gone node's inbox was theirs) and the messages read from that inbox.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    /// Adopted sessions' ids.
+    pub sessions: HashSet<u64>,
+    /// The duplicate check of the gone node's inbox.
+    pub seen: Mutex<Seen>,
 }
 
 /// Whose inbox entries are routed.
@@ -201,7 +226,7 @@ pub(crate) async fn route(
         ticket = ticket.max(published.ticket);
         held.extend(published.held);
     }
-    wait_durable(&*shared.store, ticket).await;
+    shared.store.wait_durable(ticket).await;
     acknowledge(shared, inbox, &backlog.ids).await;
     backlog.ids.clear();
     held
@@ -242,15 +267,6 @@ pub(crate) async fn read_group(
     }
     cmd.arg("STREAMS").arg(inbox).arg(from);
     cmd.query_async(conn).await
-}
-
-/// Waits until the store's changes up to `ticket` are in Redis.
-pub(crate) async fn wait_durable(store: &dyn Store, ticket: u64) {
-    if ticket == 0 {
-        return;
-    }
-    let mut durable = store.durable();
-    let _ = durable.wait_for(|t| *t >= ticket).await;
 }
 
 /// Acknowledges and deletes the entries `ids`, retrying until Redis takes it.

@@ -12,6 +12,7 @@
 //!   the broker is built on; [`Node::start`] joins the broker to the cluster.
 
 mod directory;
+mod heartbeat;
 mod inbox;
 mod keys;
 mod membership;
@@ -19,7 +20,9 @@ mod reaper;
 mod redis;
 mod retained;
 mod routes;
+mod sessions;
 mod store;
+mod streams;
 mod wire;
 
 use std::collections::HashMap;
@@ -152,14 +155,20 @@ impl Node {
         let shared = self.shared;
         let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
         tokio::spawn(self.writer.run(shared.conn.clone(), fenced_tx));
-        directory::adopt_owned(&shared, broker).await?;
+        sessions::adopt_owned(&shared, broker).await?;
         broker.set_directory(Arc::new(directory::Directory::new(shared.clone(), broker)));
         tokio::spawn(directory::release_fenced(shared.clone(), broker.clone(), fenced_rx));
         routes::announce(&shared, broker);
         tokio::spawn(routes::follow(shared.clone(), broker.clone()));
-        tokio::spawn(inbox::run(shared.clone(), broker.clone()).await?);
+        let on_release: inbox::OnRelease = {
+            let (shared, broker) = (shared.clone(), broker.clone());
+            Arc::new(move |client_id, to| {
+                tokio::spawn(directory::hand_over(shared.clone(), broker.clone(), client_id, to));
+            })
+        };
+        tokio::spawn(inbox::run(shared.clone(), broker.clone(), on_release).await?);
         tokio::spawn(retained::follow(shared.clone(), broker.clone(), self.retained_from));
-        tokio::spawn(membership::run(shared.clone(), broker.clone()));
+        tokio::spawn(heartbeat::run(shared.clone(), broker.clone()));
         tokio::spawn(reaper::run(shared.clone(), broker.clone()));
         Ok(Member { shared })
     }

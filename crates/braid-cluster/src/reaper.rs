@@ -5,22 +5,21 @@
 //! clears the gone node's routes, so nothing more is sent there, and keeps draining for a
 //! grace period while the other nodes catch up with that change.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::redis::Conn;
-use parking_lot::Mutex;
 use redis::Value;
 use tracing::{info, warn};
 
 use braid_broker::broker::Broker;
 
-use crate::directory;
-use crate::inbox::{self, create_group, read_group, Seen, Source, GROUP};
-use crate::membership;
+use crate::inbox::{self, create_group, read_group, Source, Taken, GROUP};
+use crate::membership::{self, GRACE};
 use crate::redis::bytes;
-use crate::routes::{self, entries_of, stream_entries};
+use crate::routes;
+use crate::sessions;
+use crate::streams::{entries_of, stream_entries};
 use crate::Shared;
 
 /// Claims a session for ARGV[2] if ARGV[1] still owns it: returns the new epoch, or 0.
@@ -29,9 +28,6 @@ if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 "#;
-
-/// How long the inbox of a gone node is still drained after its routes were cleared.
-pub(crate) const GRACE: Duration = Duration::from_secs(3);
 
 /// Looks for gone nodes every half lease and takes over those no other node is taking over
 /// (sessions whose clients have not come back elsewhere).
@@ -97,16 +93,6 @@ pub(crate) async fn take_over(
     }
 }
 
-/// What this node took over from a gone node: the ids here of the sessions it adopted (the
-/// gone node's inbox was theirs) and the messages read from that inbox.
-#[derive(Debug, Default)]
-pub(crate) struct Taken {
-    /// Adopted sessions' ids.
-    pub sessions: HashSet<u64>,
-    /// The duplicate check of the gone node's inbox.
-    pub seen: Mutex<Seen>,
-}
-
 async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::RedisResult<Arc<Taken>> {
     let started = Instant::now();
     let mut conn = shared.conn.clone();
@@ -127,7 +113,7 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
             shared.store.set_epoch(client_id, epoch as u64);
             let id = match broker.session_id(client_id) {
                 Some(id) => Some(id),
-                None => directory::adopt(shared, broker, client_id).await.map_err(|e| {
+                None => sessions::adopt(shared, broker, client_id).await.map_err(|e| {
                     redis::RedisError::from((redis::ErrorKind::Client, "adopting a session", e.to_string()))
                 })?,
             };
@@ -225,7 +211,7 @@ async fn drain(
         let entries = parts.get(1).map(entries_of).unwrap_or_default();
         total += entries.len();
         let mut backlog = inbox::Backlog::default();
-        inbox::take_in(shared, broker, entries, false, &mut backlog);
+        inbox::take_in(shared, entries, None, &mut backlog);
         // A gone node's inbox is drained at once, whoever it holds.
         let _ = inbox::route(shared, broker, inbox, &mut backlog, Source::Gone(taken)).await;
         match next {
@@ -241,7 +227,7 @@ async fn drain(
         }
         total += entries.len();
         let mut backlog = inbox::Backlog::default();
-        inbox::take_in(shared, broker, entries, false, &mut backlog);
+        inbox::take_in(shared, entries, None, &mut backlog);
         // A gone node's inbox is drained at once, whoever it holds.
         let _ = inbox::route(shared, broker, inbox, &mut backlog, Source::Gone(taken)).await;
     }

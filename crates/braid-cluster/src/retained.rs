@@ -16,8 +16,8 @@ use braid_broker::store::codec;
 
 use crate::keys::Keys;
 use crate::redis::bytes;
-use crate::routes::{last_id, read_log};
 use crate::store::pairs;
+use crate::streams::{last_id, position, read_log};
 use crate::{log_failure, ClusterError, Shared};
 
 /// Every retained message in Redis, and the log position they are as of.
@@ -35,12 +35,6 @@ pub(crate) async fn load(conn: &mut Conn, keys: &Keys) -> Result<(Vec<Arc<Messag
         }
     }
     Ok((out, from))
-}
-
-/// A stream entry id as numbers, to compare.
-pub(crate) fn position(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
 
 /// Waits until this node has applied every retained change Redis had when called (at most

@@ -19,10 +19,9 @@ use braid_broker::session::Enqueued;
 use braid_broker::store::Ticket;
 use braid_proto::{QoS, SubscriptionOptions};
 
-use crate::inbox::wait_durable;
 use crate::membership;
 use crate::redis::bytes;
-use crate::retained::position;
+use crate::streams::{last_id, position, read_log};
 use crate::{log_failure, Shared};
 
 /// The remote subscriber that stands for another node: what it is sent goes to that node's
@@ -85,7 +84,7 @@ pub(crate) async fn flushed(shared: &Shared, broker: &Broker) {
     let target = broker.filter_changes();
     let mut announced = shared.announced.subscribe();
     let Ok(at) = announced.wait_for(|(count, _)| *count >= target).await.map(|a| a.1) else { return };
-    wait_durable(&*shared.store, at).await;
+    shared.store.wait_durable(at).await;
 }
 
 /// Waits until every live node has applied the filter changes the broker made so far (at
@@ -320,75 +319,4 @@ async fn snapshot(
         wanted.insert(node, filters);
     }
     Ok((from, wanted))
-}
-
-/// The id of the last entry of `stream` ("0" if empty).
-pub(crate) async fn last_id(conn: &mut Conn, stream: &str) -> redis::RedisResult<String> {
-    let v: Value =
-        redis::cmd("XREVRANGE").arg(stream).arg("+").arg("-").arg("COUNT").arg(1).query_async(conn).await?;
-    Ok(match v {
-        Value::Array(entries) => entries
-            .first()
-            .and_then(|e| match e {
-                Value::Array(parts) => {
-                    parts.first().and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned())
-                }
-                _ => None,
-            })
-            .unwrap_or_else(|| "0".into()),
-        _ => "0".into(),
-    })
-}
-
-/// Entries of `stream` after `from`, waiting up to a second for some.
-pub(crate) async fn read_log(
-    conn: &mut Conn,
-    stream: &str,
-    from: &str,
-) -> redis::RedisResult<Vec<(String, Vec<Value>)>> {
-    let v: Value = redis::cmd("XREAD")
-        .arg("COUNT")
-        .arg(1000)
-        .arg("BLOCK")
-        .arg(1000)
-        .arg("STREAMS")
-        .arg(stream)
-        .arg(from)
-        .query_async(conn)
-        .await?;
-    Ok(stream_entries(&v))
-}
-
-/// The (id, fields) entries of an XREAD / XREADGROUP reply for one stream.
-pub(crate) fn stream_entries(v: &Value) -> Vec<(String, Vec<Value>)> {
-    let streams: Vec<&Value> = match v {
-        Value::Array(s) => s.iter().collect(),
-        Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
-        _ => return Vec::new(),
-    };
-    let mut out = Vec::new();
-    for s in streams {
-        let entries = match s {
-            Value::Array(parts) if parts.len() == 2 && matches!(parts[1], Value::Array(_)) => &parts[1],
-            other => other,
-        };
-        out.extend(entries_of(entries));
-    }
-    out
-}
-
-/// The (id, fields) entries of a list of stream entries (entries deleted meanwhile, whose
-/// fields are nil, left out).
-pub(crate) fn entries_of(list: &Value) -> Vec<(String, Vec<Value>)> {
-    let Value::Array(entries) = list else { return Vec::new() };
-    entries
-        .iter()
-        .filter_map(|e| {
-            let Value::Array(parts) = e else { return None };
-            let (Some(id), Some(Value::Array(fields))) = (parts.first().and_then(bytes), parts.get(1)) else {
-                return None;
-            };
-            Some((String::from_utf8_lossy(id).into_owned(), fields.clone()))
-        })
-        .collect()
 }

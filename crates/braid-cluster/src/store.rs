@@ -151,6 +151,14 @@ impl RedisStore {
         self.sessions.lock().retain(|_, b| &*b.client_id != client_id);
     }
 
+    /// Waits until the changes up to `ticket` are in Redis.
+    pub(crate) async fn wait_durable(&self, ticket: Ticket) {
+        if ticket == 0 {
+            return;
+        }
+        let _ = self.durable.clone().wait_for(|t| *t >= ticket).await;
+    }
+
     /// Queues `fwd` for `node`'s inbox; returns its ticket.
     pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward) -> Ticket {
         let cmd = wire::message_cmd(&self.keys.inbox(node), incarnation, fwd);
