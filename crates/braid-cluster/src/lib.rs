@@ -10,6 +10,13 @@
 //!
 //! - [`Node::connect`] reaches Redis and takes the node's lease; [`Node::store`] is the store
 //!   the broker is built on; [`Node::start`] joins the broker to the cluster.
+//!
+//! The rooms, from the top: `directory` (one session per client id: claims, handovers,
+//! fencing), `reaper` (taking over a gone node), `heartbeat` (the lease renewal loop),
+//! `sessions` (adopting sessions from Redis), `routes` (this node's routes out, the others'
+//! in, relays), `inbox` (messages and handover requests from other nodes), `retained`,
+//! `membership` (leases, live nodes), `store` (the Redis store and its writer), `streams`,
+//! `wire` (inbox entries), `keys`, `redis` (connections).
 
 mod directory;
 mod heartbeat;
