@@ -88,7 +88,8 @@ pub(crate) async fn run(
 /// way on this node (they may be for the session it takes in).
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
-    ids: Vec<String>,
+    /// The entries' ids.
+    pub ids: Vec<String>,
     messages: Vec<(Arc<Message>, Scope)>,
 }
 
@@ -108,23 +109,30 @@ async fn read(
     let claiming = shared.claiming.subscribe();
     let slow_consumer = Duration::from_secs(broker.config.session.slow_consumer_timeout_secs);
     let (mut held, mut held_since) = (Vec::new(), Instant::now());
+    // Entries routed, acknowledged with the next read (one round trip for both).
+    let mut routed: Vec<String> = Vec::new();
     loop {
         still_held(&mut held, held_since, slow_consumer, Instant::now());
         if !backlog.ids.is_empty() && *claiming.borrow() == 0 && held.is_empty() {
-            held = route(&shared, &broker, &inbox, &mut backlog, Source::Own).await;
+            held = route(&shared, &broker, &mut backlog, Source::Own).await;
             held_since = Instant::now();
+            routed.append(&mut backlog.ids);
         }
         let from = if pending { "0" } else { ">" };
         // A read in flight is never dropped (what it took would stay pending unread): while
         // messages wait (a claim, a held session), reads wait briefly, to see that end soon.
         let block = if backlog.ids.is_empty() && held.is_empty() { 1000 } else { 10 };
         let read = tokio::select! {
-            r = read_group(&mut conn, &inbox, &shared.me, from, shared.config.batch, Some(block)) => r,
-            _ = broker.shutdown.cancelled() => return,
+            r = ack_and_read(&mut conn, &inbox, &shared.me, &routed, from, shared.config.batch, block) => r,
+            _ = broker.shutdown.cancelled() => {
+                acknowledge(&shared, &inbox, &routed).await;
+                return;
+            }
         };
         let entries = match read {
             Ok(v) => {
                 failing = false;
+                routed.clear();
                 stream_entries(&v)
             }
             Err(e) => {
@@ -195,13 +203,12 @@ pub(crate) enum Source<'a> {
     Gone(&'a Taken),
 }
 
-/// Routes the messages of `backlog` (read from `inbox`, of `source`), those received before
-/// excepted, and acknowledges and deletes its entries once what they queued is durable.
+/// Routes the messages of `backlog` (of `source`), those received before excepted, and waits
+/// until what they queued is durable: its entries may then be acknowledged (`backlog.ids`).
 /// Returns the sessions that hold the inbox back (see [`still_held`]).
 pub(crate) async fn route(
     shared: &Shared,
     broker: &Broker,
-    inbox: &str,
     backlog: &mut Backlog,
     source: Source<'_>,
 ) -> Vec<Holder> {
@@ -227,8 +234,6 @@ pub(crate) async fn route(
         held.extend(published.held);
     }
     shared.store.wait_durable(ticket).await;
-    acknowledge(shared, inbox, &backlog.ids).await;
-    backlog.ids.clear();
     held
 }
 
@@ -260,17 +265,45 @@ pub(crate) async fn read_group(
     count: usize,
     block: Option<u64>,
 ) -> redis::RedisResult<Value> {
+    read_cmd(inbox, me, from, count, block).query_async(conn).await
+}
+
+fn read_cmd(inbox: &str, me: &str, from: &str, count: usize, block: Option<u64>) -> redis::Cmd {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP").arg(GROUP).arg(me).arg("COUNT").arg(count);
     if let (">", Some(ms)) = (from, block) {
         cmd.arg("BLOCK").arg(ms);
     }
     cmd.arg("STREAMS").arg(inbox).arg(from);
-    cmd.query_async(conn).await
+    cmd
+}
+
+/// Acknowledges and deletes the entries `ids` of `inbox` (handled), then reads on as
+/// [`read_group`] does (waiting up to `block` ms for new entries): one round trip. On an error
+/// the entries are acknowledged with a later read (what was read again meanwhile is dropped
+/// as received twice).
+async fn ack_and_read(
+    conn: &mut Conn,
+    inbox: &str,
+    me: &str,
+    ids: &[String],
+    from: &str,
+    count: usize,
+    block: u64,
+) -> redis::RedisResult<Value> {
+    if ids.is_empty() {
+        return read_group(conn, inbox, me, from, count, Some(block)).await;
+    }
+    let mut pipe = redis::pipe();
+    pipe.cmd("XACK").arg(inbox).arg(GROUP).arg(ids).ignore();
+    pipe.cmd("XDEL").arg(inbox).arg(ids).ignore();
+    pipe.add_command(read_cmd(inbox, me, from, count, Some(block)));
+    let (reply,): (Value,) = pipe.query_async(conn).await?;
+    Ok(reply)
 }
 
 /// Acknowledges and deletes the entries `ids`, retrying until Redis takes it.
-async fn acknowledge(shared: &Shared, inbox: &str, ids: &[String]) {
+pub(crate) async fn acknowledge(shared: &Shared, inbox: &str, ids: &[String]) {
     if ids.is_empty() {
         return;
     }
