@@ -28,6 +28,12 @@ use crate::{log_failure, ClusterError, Shared};
 /// The consumer group every inbox is read through.
 pub(crate) const GROUP: &str = "braid";
 
+/// A read that brought fewer entries than this is followed by a pause of [`LINGER`].
+const LINGER_BELOW: usize = 16;
+
+/// How long the reader lets entries gather after a small read.
+const LINGER: Duration = Duration::from_micros(1000);
+
 /// How many message numbers per sender the duplicate check remembers.
 const REMEMBERED: usize = 1 << 16;
 
@@ -111,12 +117,19 @@ async fn read(
     let (mut held, mut held_since) = (Vec::new(), Instant::now());
     // Entries routed, acknowledged with the next read (one round trip for both).
     let mut routed: Vec<String> = Vec::new();
+    // The last read brought only a few entries.
+    let mut trickle = false;
     loop {
         still_held(&mut held, held_since, slow_consumer, Instant::now());
         if !backlog.ids.is_empty() && *claiming.borrow() == 0 && held.is_empty() {
             held = route(&shared, &broker, &mut backlog, Source::Own).await;
             held_since = Instant::now();
             routed.append(&mut backlog.ids);
+        }
+        if trickle && backlog.ids.is_empty() {
+            // What was read is routed; before reading again, let a few more entries gather, so
+            // that reads (and acknowledgements) go in batches, not one round trip per message.
+            tokio::time::sleep(LINGER).await;
         }
         let from = if pending { "0" } else { ">" };
         // A read in flight is never dropped (what it took would stay pending unread): while
@@ -152,6 +165,7 @@ async fn read(
             pending = false;
             continue;
         }
+        trickle = entries.len() < LINGER_BELOW;
         take_in(&shared, entries, Some(&on_release), &mut backlog);
     }
 }
