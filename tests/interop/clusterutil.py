@@ -1,4 +1,5 @@
 """Helpers shared by the cluster tests."""
+import threading
 import time
 
 # A QoS 0 message tests send until a subscription is seen to work across nodes; they drop it.
@@ -21,3 +22,23 @@ def wait_routed(pub, sub, topic, timeout=5.0):
                                  f"within {timeout}s")
     time.sleep(0.2)
     sub.drain()
+
+
+def in_threads(*calls):
+    """Runs the callables at once; returns their results (re-raising the first failure)."""
+    results, errors = [None] * len(calls), []
+
+    def run(i, f):
+        try:
+            results[i] = f()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if errors:
+        raise errors[0]
+    return results

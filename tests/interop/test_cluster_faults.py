@@ -18,7 +18,7 @@ import pytest
 from conftest import BRAID_BIN, free_port
 from helpers import MQTTv311, MQTTv5, connect_client, unique, wait_until
 from redisproc import RedisServer
-from clusterutil import PROBE, wait_routed as _wait_routed
+from clusterutil import PROBE, in_threads as _in_threads, wait_routed as _wait_routed
 from v5util import connect_props, rc
 
 pytestmark = pytest.mark.braid_only
@@ -96,26 +96,6 @@ class Stream:
     def wait_all_acked(self, timeout):
         wait_until(lambda: all(s[3].is_published() for s in self.sent), timeout=timeout,
                    message=f"acknowledgements of all {len(self.sent)} messages")
-
-
-def _in_threads(*calls):
-    """Runs the callables at once; returns their results (re-raising the first failure)."""
-    results, errors = [None] * len(calls), []
-
-    def run(i, f):
-        try:
-            results[i] = f()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def _cluster_log(*nodes, last=10):

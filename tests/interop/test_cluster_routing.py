@@ -14,12 +14,12 @@ test_subscription_is_routed_from_every_node_once_subacked.
 """
 import json
 import queue
-import threading
 import time
 from collections import Counter
 
 import pytest
 
+from clusterutil import in_threads
 from helpers import (ALL_PROTOCOLS, MQTTv311, MQTTv5, SubscribeOptions, mosquitto_pub, proto_id,
                      unique, wait_total)
 from v5util import prop, publish_props, sub_ids, subscribe_props, user_props, v5  # noqa: F401  (fixture)
@@ -231,20 +231,11 @@ def test_concurrent_publishers_on_one_node_all_delivered(braid_cluster, connect,
     for s in subs:
         subscribe_routed(s, [(f"{base}/#", 1)], [pubs[0], pubs[-1]])
     per = 150
-    errors = []
 
     def run(i, p):
-        try:
-            publish_many(p, [(f"{base}/p{i}", f"{i}:{k}".encode()) for k in range(per)], qos=1)
-        except BaseException as e:  # reported below
-            errors.append(e)
+        publish_many(p, [(f"{base}/p{i}", f"{i}:{k}".encode()) for k in range(per)], qos=1)
 
-    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(pubs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
+    in_threads(*[(lambda i=i, p=p: run(i, p)) for i, p in enumerate(pubs)])
     total = per * len(pubs)
     for s in subs:
         got = collect_until(s, total, timeout=10)

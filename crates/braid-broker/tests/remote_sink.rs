@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use braid_broker::broker::Arrival;
 use braid_broker::harness::{ClientKey, Harness};
 use braid_broker::message::Message;
 use braid_broker::metrics::Metrics;
@@ -160,14 +161,14 @@ fn a_forwarded_message_reaches_local_sessions_within_its_scope_only() {
 
     let group_only = Scope { plain: false, groups: vec!["g".into()] };
     for _ in 0..4 {
-        b.publish_forwarded(msg(), &group_only, h.now());
+        b.publish_forwarded(msg(), &group_only, Arrival::Sent, h.now());
     }
     assert_eq!(count(&mut h, plain), 0, "not for the normal subscription");
     let to_workers: Vec<usize> = workers.iter().map(|&w| count(&mut h, w)).collect();
     assert_eq!(to_workers, [2, 2], "one local member each time, taking turns");
     assert!(recorder.take().is_empty(), "never back to another node");
 
-    b.publish_forwarded(msg(), &Scope { plain: true, groups: vec![] }, h.now());
+    b.publish_forwarded(msg(), &Scope { plain: true, groups: vec![] }, Arrival::Sent, h.now());
     assert_eq!(count(&mut h, plain), 1);
     assert_eq!(workers.iter().map(|&w| count(&mut h, w)).sum::<usize>(), 0, "not for the group");
 }

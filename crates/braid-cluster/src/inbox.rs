@@ -15,7 +15,7 @@ use redis::Value;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use braid_broker::broker::{Broker, Holder};
+use braid_broker::broker::{Arrival, Broker, Holder};
 use braid_broker::message::{Message, RemoteId};
 use braid_broker::router::Scope;
 use braid_proto::ByteString;
@@ -146,7 +146,7 @@ async fn read(
             Ok(v) => {
                 failing = false;
                 routed.clear();
-                stream_entries(&v)
+                stream_entries(v)
             }
             Err(e) => {
                 log_failure("reading the inbox", &mut failing, &e);
@@ -239,11 +239,12 @@ pub(crate) async fn route(
         }
         let own = msg.remote_id.as_ref().filter(|id| *id.sender == *shared.incarnation).map(|id| id.number);
         let now = Instant::now();
-        let published = match (source, own) {
-            (Source::Gone(taken), _) => broker.publish_drained(msg, &scope, &taken.sessions, now),
-            (Source::Own, Some(number)) => broker.publish_returned(msg, &scope, number, now),
-            (Source::Own, None) => broker.publish_forwarded(msg, &scope, now),
+        let arrival = match (source, own) {
+            (Source::Gone(taken), _) => Arrival::Drained(&taken.sessions),
+            (Source::Own, Some(number)) => Arrival::Returned(number),
+            (Source::Own, None) => Arrival::Sent,
         };
+        let published = broker.publish_forwarded(msg, &scope, arrival, now);
         ticket = ticket.max(published.ticket);
         held.extend(published.held);
     }

@@ -206,9 +206,9 @@ async fn drain(
             .arg(shared.config.batch)
             .query_async(conn)
             .await?;
-        let Value::Array(parts) = &v else { break };
+        let Value::Array(mut parts) = v else { break };
         let next = parts.first().and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned());
-        let entries = parts.get(1).map(entries_of).unwrap_or_default();
+        let entries = if parts.len() > 1 { entries_of(parts.swap_remove(1)) } else { Vec::new() };
         total += entries.len();
         let mut backlog = inbox::Backlog::default();
         inbox::take_in(shared, entries, None, &mut backlog);
@@ -222,7 +222,7 @@ async fn drain(
     }
     loop {
         let v = read_group(conn, inbox, &consumer, ">", shared.config.batch, None).await?;
-        let entries = stream_entries(&v);
+        let entries = stream_entries(v);
         if entries.is_empty() {
             break;
         }

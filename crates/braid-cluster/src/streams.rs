@@ -45,20 +45,22 @@ pub(crate) async fn read_log(
         .arg(from)
         .query_async(conn)
         .await?;
-    Ok(stream_entries(&v))
+    Ok(stream_entries(v))
 }
 
-/// The (id, fields) entries of an XREAD / XREADGROUP reply for one stream.
-pub(crate) fn stream_entries(v: &Value) -> Vec<(String, Vec<Value>)> {
-    let streams: Vec<&Value> = match v {
-        Value::Array(s) => s.iter().collect(),
-        Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
+/// The (id, fields) entries of an XREAD / XREADGROUP reply for one stream, taken out of it.
+pub(crate) fn stream_entries(v: Value) -> Vec<(String, Vec<Value>)> {
+    let streams: Vec<Value> = match v {
+        Value::Array(s) => s,
+        Value::Map(m) => m.into_iter().map(|(_, v)| v).collect(),
         _ => return Vec::new(),
     };
     let mut out = Vec::new();
     for s in streams {
         let entries = match s {
-            Value::Array(parts) if parts.len() == 2 && matches!(parts[1], Value::Array(_)) => &parts[1],
+            Value::Array(mut parts) if parts.len() == 2 && matches!(parts[1], Value::Array(_)) => {
+                parts.swap_remove(1)
+            }
             other => other,
         };
         out.extend(entries_of(entries));
@@ -66,18 +68,18 @@ pub(crate) fn stream_entries(v: &Value) -> Vec<(String, Vec<Value>)> {
     out
 }
 
-/// The (id, fields) entries of a list of stream entries (entries deleted meanwhile, whose
-/// fields are nil, left out).
-pub(crate) fn entries_of(list: &Value) -> Vec<(String, Vec<Value>)> {
+/// The (id, fields) entries of a list of stream entries, taken out of it (entries deleted
+/// meanwhile, whose fields are nil, left out).
+pub(crate) fn entries_of(list: Value) -> Vec<(String, Vec<Value>)> {
     let Value::Array(entries) = list else { return Vec::new() };
     entries
-        .iter()
+        .into_iter()
         .filter_map(|e| {
             let Value::Array(parts) = e else { return None };
-            let (Some(id), Some(Value::Array(fields))) = (parts.first().and_then(bytes), parts.get(1)) else {
-                return None;
-            };
-            Some((String::from_utf8_lossy(id).into_owned(), fields.clone()))
+            let mut parts = parts.into_iter();
+            let id = String::from_utf8_lossy(bytes(&parts.next()?)?).into_owned();
+            let Some(Value::Array(fields)) = parts.next() else { return None };
+            Some((id, fields))
         })
         .collect()
 }

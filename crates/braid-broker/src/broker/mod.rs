@@ -43,6 +43,8 @@ use crate::session::{QueueLimits, Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
 use crate::transport::PerTransport;
 
+pub use pubsub::Arrival;
+
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
@@ -68,7 +70,7 @@ pub struct Broker {
     router: RwLock<Router>,
     retained: RwLock<Retained>,
     /// The next session id, remote subscriber id and forward number (see
-    /// [`Broker::publish_returned`]): one counter.
+    /// [`Arrival::Returned`]): one counter.
     next_session_id: AtomicU64,
     /// `[session]` queue limits, for sessions recovered from the store until their client
     /// connects.

@@ -150,52 +150,29 @@ impl Broker {
         out
     }
 
-    /// Routes `msg`, forwarded at `now` by another node, to this broker's sessions and relays
-    /// within `scope` (see [`crate::router::Router::route_forwarded`]); says what its
-    /// acknowledgement to that node must wait for.
-    pub fn publish_forwarded(&self, msg: Arc<Message>, scope: &Scope, now: Instant) -> Published {
-        let mut out = Published::default();
-        let router = self.router.read();
-        let mut targets = Vec::new();
-        router.route_forwarded(&msg, scope, &mut targets);
-        self.forward_to_remotes(&msg, &targets, &mut out, now);
-        self.deliver_to_sessions(&msg, &targets, &mut out, now);
-        out
-    }
-
-    /// Routes `msg`, which this broker published and forwarded as number `number` (see
-    /// [`Forward::id`]) and which came back at `now` (relayed by a node a session moved away
-    /// from, or passed on by a node whose shared-group members had left), within `scope`: by a
-    /// normal subscription only to the sessions that came here since it was published (the
-    /// others had it then), to one local member of each group in `scope` (this broker picked
-    /// another node for them), to no remote subscriber.
-    pub fn publish_returned(&self, msg: Arc<Message>, scope: &Scope, number: u64, now: Instant) -> Published {
-        let mut out = Published::default();
-        let router = self.router.read();
-        let mut targets = Vec::new();
-        router.route_forwarded(&msg, scope, &mut targets);
-        // Session ids and forward numbers come from one counter: a later session has a higher id.
-        targets.retain(|t| t.to.session().is_some_and(|s| t.group.is_some() || s.id > number));
-        self.deliver_to_sessions(&msg, &targets, &mut out, now);
-        out
-    }
-
-    /// Routes `msg`, read at `now` from the inbox of a node this broker took over, within
-    /// `scope`: by a normal subscription only to the sessions `adopted` from that node (whose
-    /// inbox it was; the others here had their own copy), to one member of each group in
-    /// `scope` (here, or on another node if none is left here).
-    pub fn publish_drained(
+    /// Routes `msg`, sent here at `now` by another node, within `scope` (see
+    /// [`crate::router::Router::route_forwarded`]) to the subscribers `arrival` leaves; says
+    /// what its acknowledgement to that node must wait for.
+    pub fn publish_forwarded(
         &self,
         msg: Arc<Message>,
         scope: &Scope,
-        adopted: &HashSet<u64>,
+        arrival: Arrival<'_>,
         now: Instant,
     ) -> Published {
         let mut out = Published::default();
         let router = self.router.read();
         let mut targets = Vec::new();
         router.route_forwarded(&msg, scope, &mut targets);
-        targets.retain(|t| t.group.is_some() || t.to.session().is_some_and(|s| adopted.contains(&s.id)));
+        match arrival {
+            Arrival::Sent => {}
+            // Session ids and forward numbers come from one counter: a later session has a higher id.
+            Arrival::Returned(number) => {
+                targets.retain(|t| t.to.session().is_some_and(|s| t.group.is_some() || s.id > number))
+            }
+            Arrival::Drained(adopted) => targets
+                .retain(|t| t.group.is_some() || t.to.session().is_some_and(|s| adopted.contains(&s.id))),
+        }
         self.forward_to_remotes(&msg, &targets, &mut out, now);
         self.deliver_to_sessions(&msg, &targets, &mut out, now);
         out
@@ -303,4 +280,22 @@ impl Broker {
         split_filter(filter)
             .is_some_and(|(inner, group)| self.router.write().unsubscribe(inner, group, remote.id))
     }
+}
+
+/// How a message from another node came here, which decides who among the subscribers its
+/// scope matches gets it (see [`Broker::publish_forwarded`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Arrival<'a> {
+    /// Sent here: this broker's sessions and relays.
+    Sent,
+    /// This broker published it and forwarded it as this number, and it came back (relayed by
+    /// a node a session moved away from, or passed on by a node whose shared-group members had
+    /// left): by a normal subscription only the sessions that came here since (the others had
+    /// it then), one local member of each group in the scope (this broker picked another node
+    /// for them), no remote subscriber.
+    Returned(u64),
+    /// Read from the inbox of a node this broker took over: by a normal subscription only the
+    /// sessions adopted from that node, with these ids (the others here had their own copy);
+    /// one member of each group in the scope (here, or on another node if none is left here).
+    Drained(&'a HashSet<u64>),
 }
