@@ -43,8 +43,6 @@ use crate::session::{QueueLimits, Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
 use crate::transport::PerTransport;
 
-pub use pubsub::Arrival;
-
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
@@ -114,6 +112,24 @@ pub struct Published {
     pub held: Vec<Holder>,
     /// The store ticket the acknowledgement waits for under sync durability (0: none).
     pub ticket: Ticket,
+}
+
+/// How a message from another node came here, which decides who among the subscribers its
+/// scope matches gets it (see [`Broker::publish_forwarded`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Arrival<'a> {
+    /// Sent here: this broker's sessions and relays.
+    Sent,
+    /// This broker published it and forwarded it as this number, and it came back (relayed by
+    /// a node a session moved away from, or passed on by a node whose shared-group members had
+    /// left): by a normal subscription only the sessions that came here since (the others had
+    /// it then), one local member of each group in the scope (this broker picked another node
+    /// for them), no remote subscriber.
+    Returned(u64),
+    /// Read from the inbox of a node this broker took over: by a normal subscription only the
+    /// sessions adopted from that node, with these ids (the others here had their own copy);
+    /// one member of each group in the scope (here, or on another node if none is left here).
+    Drained(&'a HashSet<u64>),
 }
 
 /// A CONNECT the broker accepted: the session the connection now serves.

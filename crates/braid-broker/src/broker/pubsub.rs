@@ -1,7 +1,6 @@
 //! SUBSCRIBE, UNSUBSCRIBE and PUBLISH: the router and the retained store on one side, the
 //! target sessions on the other.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +10,7 @@ use braid_proto::{
     UnsubAck, Unsubscribe,
 };
 
-use super::{split_filter, Broker, Holder, Published};
+use super::{split_filter, Arrival, Broker, Holder, Published};
 use crate::auth::ConnectionAcl;
 use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
@@ -280,22 +279,4 @@ impl Broker {
         split_filter(filter)
             .is_some_and(|(inner, group)| self.router.write().unsubscribe(inner, group, remote.id))
     }
-}
-
-/// How a message from another node came here, which decides who among the subscribers its
-/// scope matches gets it (see [`Broker::publish_forwarded`]).
-#[derive(Debug, Clone, Copy)]
-pub enum Arrival<'a> {
-    /// Sent here: this broker's sessions and relays.
-    Sent,
-    /// This broker published it and forwarded it as this number, and it came back (relayed by
-    /// a node a session moved away from, or passed on by a node whose shared-group members had
-    /// left): by a normal subscription only the sessions that came here since (the others had
-    /// it then), one local member of each group in the scope (this broker picked another node
-    /// for them), no remote subscriber.
-    Returned(u64),
-    /// Read from the inbox of a node this broker took over: by a normal subscription only the
-    /// sessions adopted from that node, with these ids (the others here had their own copy);
-    /// one member of each group in the scope (here, or on another node if none is left here).
-    Drained(&'a HashSet<u64>),
 }
