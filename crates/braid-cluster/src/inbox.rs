@@ -28,11 +28,20 @@ use crate::{log_failure, ClusterError, Shared};
 /// The consumer group every inbox is read through.
 pub(crate) const GROUP: &str = "braid";
 
-/// A read that brought fewer entries than this is followed by a pause of [`LINGER`].
+/// A read that brought fewer messages than this is followed by a pause of [`LINGER`].
 const LINGER_BELOW: usize = 16;
 
 /// How long the reader lets entries gather after a small read.
 const LINGER: Duration = Duration::from_micros(1000);
+
+/// Most entries read at once (each packs up to a writer's round trip of messages, see
+/// [`crate::store`]), however large `cluster.batch` is.
+const READ_ENTRIES: usize = 64;
+
+/// How many entries to read at once with `cluster.batch` = `batch`.
+pub(crate) fn read_count(batch: usize) -> usize {
+    batch.min(READ_ENTRIES)
+}
 
 /// How many message numbers per sender the duplicate check remembers.
 const REMEMBERED: usize = 1 << 16;
@@ -136,7 +145,7 @@ async fn read(
         // messages wait (a claim, a held session), reads wait briefly, to see that end soon.
         let block = if backlog.ids.is_empty() && held.is_empty() { 1000 } else { 10 };
         let read = tokio::select! {
-            r = ack_and_read(&mut conn, &inbox, &shared.me, &routed, from, shared.config.batch, block) => r,
+            r = ack_and_read(&mut conn, &inbox, &shared.me, &routed, from, read_count(shared.config.batch), block) => r,
             _ = broker.shutdown.cancelled() => {
                 acknowledge(&shared, &inbox, &routed).await;
                 return;
@@ -165,8 +174,9 @@ async fn read(
             pending = false;
             continue;
         }
-        trickle = entries.len() < LINGER_BELOW;
+        let before = backlog.messages.len();
         take_in(&shared, entries, Some(&on_release), &mut backlog);
+        trickle = backlog.messages.len() - before < LINGER_BELOW;
     }
 }
 
@@ -181,7 +191,7 @@ pub(crate) fn take_in(
     for (id, fields) in entries {
         backlog.ids.push(id);
         match wire::read(&fields) {
-            Ok(Entry::Message { msg, scope }) => backlog.messages.push((msg, scope)),
+            Ok(Entry::Messages(mut messages)) => backlog.messages.append(&mut messages),
             Ok(Entry::Release { client_id, from }) => {
                 if let Some(on_release) = on_release {
                     on_release(client_id, from);

@@ -203,7 +203,7 @@ async fn drain(
             .arg(0)
             .arg(&start)
             .arg("COUNT")
-            .arg(shared.config.batch)
+            .arg(inbox::read_count(shared.config.batch))
             .query_async(conn)
             .await?;
         let Value::Array(mut parts) = v else { break };
@@ -221,7 +221,7 @@ async fn drain(
         }
     }
     loop {
-        let v = read_group(conn, inbox, &consumer, ">", shared.config.batch, None).await?;
+        let v = read_group(conn, inbox, &consumer, ">", inbox::read_count(shared.config.batch), None).await?;
         let entries = stream_entries(v);
         if entries.is_empty() {
             break;

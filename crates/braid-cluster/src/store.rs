@@ -2,7 +2,8 @@
 //! in Redis, where any node can take them over, and the messages this node sends to others.
 //! Every change goes through one writer task in submission order, many per Redis round trip
 //! (a pipeline); a change's ticket is durable once Redis answered it, which is what a
-//! publisher's acknowledgement waits for.
+//! publisher's acknowledgement waits for. The messages a round trip carries to one node go
+//! packed in one entry of its inbox, after the round trip's other changes.
 //!
 //! Fencing: a session's writes carry the ownership epoch this node got when it claimed the
 //! client id ([`crate::directory`]); a script refuses them once another node has claimed it
@@ -75,9 +76,22 @@ enum Reply {
 /// One unit of the writer's work.
 #[derive(Debug)]
 enum Job {
-    Write { ticket: Ticket, cmds: Vec<Cmd>, reply: Reply },
+    Write {
+        ticket: Ticket,
+        cmds: Vec<Cmd>,
+        reply: Reply,
+    },
+    /// A message (a [`wire::record`]) for the inbox `inbox`.
+    Forward {
+        ticket: Ticket,
+        inbox: String,
+        record: Vec<u8>,
+    },
     Close(std::sync::mpsc::Sender<()>),
 }
+
+/// A pack grown past this many bytes is closed; the inbox's next messages start another.
+const PACK_BYTES: usize = 256 * 1024;
 
 /// Assigns tickets and queues jobs in one step, so that jobs reach the writer in ticket order.
 #[derive(Debug)]
@@ -161,8 +175,8 @@ impl RedisStore {
 
     /// Queues `fwd` for `node`'s inbox; returns its ticket.
     pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward) -> Ticket {
-        let cmd = wire::message_cmd(&self.keys.inbox(node), incarnation, fwd);
-        self.push(vec![cmd], Reply::None)
+        let (inbox, record) = (self.keys.inbox(node), wire::record(incarnation, fwd));
+        self.queue(|ticket| Job::Forward { ticket, inbox, record })
     }
 
     /// Queues `cmds` (no reply needed) after everything submitted; returns their ticket.
@@ -171,10 +185,14 @@ impl RedisStore {
     }
 
     fn push(&self, cmds: Vec<Cmd>, reply: Reply) -> Ticket {
+        self.queue(|ticket| Job::Write { ticket, cmds, reply })
+    }
+
+    fn queue(&self, job: impl FnOnce(Ticket) -> Job) -> Ticket {
         let mut s = self.submitter.lock();
         s.last += 1;
         let ticket = s.last;
-        if s.tx.send(Job::Write { ticket, cmds, reply }).is_err() {
+        if s.tx.send(job(ticket)).is_err() {
             error!("cluster store: the writer has stopped; a change is lost");
         }
         ticket
@@ -314,21 +332,36 @@ impl Writer {
             let mut batch = Vec::new();
             let mut closing = None;
             let mut last = 0;
-            for job in &jobs {
+            // Each write's replies: where they start in the batch, how many, what they are for.
+            let mut wanted = Vec::new();
+            let mut packs: Vec<(String, wire::Pack)> = Vec::new();
+            for job in jobs.drain(..) {
                 match job {
-                    Job::Write { ticket, cmds, .. } => {
-                        last = *ticket;
-                        batch.extend(cmds.iter().cloned());
+                    Job::Write { ticket, cmds, reply } => {
+                        last = ticket;
+                        wanted.push((batch.len(), cmds.len(), reply));
+                        batch.extend(cmds);
                     }
-                    Job::Close(tx) => closing = Some(tx.clone()),
+                    Job::Forward { ticket, inbox, record } => {
+                        last = ticket;
+                        let open = packs.iter_mut().rev().find(|(i, _)| *i == inbox);
+                        match open.filter(|(_, pack)| pack.len() < PACK_BYTES) {
+                            Some((_, pack)) => pack.push(&record),
+                            None => {
+                                let mut pack = wire::Pack::default();
+                                pack.push(&record);
+                                packs.push((inbox, pack));
+                            }
+                        }
+                    }
+                    Job::Close(tx) => closing = Some(tx),
                 }
             }
+            batch.extend(packs.into_iter().map(|(inbox, pack)| pack.into_cmd(&inbox)));
             let replies =
                 if batch.is_empty() { Vec::new() } else { write_until_done(&mut conn, &batch).await };
-            let mut replies = replies.into_iter();
-            for job in jobs.drain(..) {
-                let Job::Write { cmds, reply, .. } = job else { continue };
-                let mine: Vec<Value> = replies.by_ref().take(cmds.len()).collect();
+            for (at, n, reply) in wanted {
+                let mine = replies.get(at..at + n).unwrap_or_default();
                 match reply {
                     Reply::None => {}
                     Reply::Fenced(client_id, epoch) => {
@@ -337,7 +370,7 @@ impl Writer {
                         }
                     }
                     Reply::Load(tx) => {
-                        let _ = tx.send(read_deliveries(&mine));
+                        let _ = tx.send(read_deliveries(mine));
                     }
                 }
             }

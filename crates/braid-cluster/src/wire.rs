@@ -1,5 +1,7 @@
 //! What nodes write into each other's inbox streams: messages and the requests and answers of
-//! a session handover. An entry is a few fields; a message keeps its encoding from the store.
+//! a session handover. An entry is a few fields. Messages go packed: one entry holds every
+//! message a writer's round trip carries to that node (see [`Pack`]), each keeping its
+//! encoding from the store.
 
 use std::sync::Arc;
 
@@ -15,48 +17,59 @@ use crate::redis::bytes;
 /// One inbox entry, read.
 #[derive(Debug)]
 pub(crate) enum Entry {
-    /// A message to route to this node's sessions.
-    Message {
-        /// The message (its publisher's client id and its remote id set).
-        msg: Arc<Message>,
-        /// Which subscriptions it is for.
-        scope: Scope,
-    },
+    /// Messages to route to this node's sessions, in the order they were sent: each with
+    /// its publisher's client id and remote id set, and which subscriptions it is for.
+    Messages(Vec<(Arc<Message>, Scope)>),
     /// Another node claims `client_id`: close its connection here and hand its session over.
     Release { client_id: ByteString, from: String },
     /// The node asked has handed `client_id`'s session over.
     Released { client_id: ByteString },
 }
 
-/// XADD of `fwd` to `inbox`, from `incarnation` (`node@start_ms`: with the message's number
-/// there, what a receiver recognises a message it got twice by).
-pub(crate) fn message_cmd(inbox: &str, incarnation: &str, fwd: &Forward) -> Cmd {
+/// Messages for one inbox, packed into one entry: each is a length-prefixed record of its
+/// scope, publisher's client id, sender, number and the message itself.
+#[derive(Debug, Default)]
+pub(crate) struct Pack(Vec<u8>);
+
+impl Pack {
+    /// Adds a [`record`].
+    pub(crate) fn push(&mut self, record: &[u8]) {
+        put(&mut self.0, record);
+    }
+
+    /// The packed size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// XADD of the packed messages to `inbox`.
+    pub(crate) fn into_cmd(self, inbox: &str) -> Cmd {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(inbox).arg("*").arg("k").arg("p").arg("p").arg(self.0);
+        cmd
+    }
+}
+
+/// `fwd` as a record of a [`Pack`], sent by `incarnation` (`node@start_ms`: with the
+/// message's number there, what a receiver recognises a message it got twice by).
+pub(crate) fn record(incarnation: &str, fwd: &Forward) -> Vec<u8> {
     // A message passed on again keeps the identity it came with.
     let (sender, n) = match &fwd.msg.remote_id {
         Some(id) => (&*id.sender, id.number),
         None => (incarnation, fwd.id),
     };
-    let mut scope = vec![u8::from(fwd.scope.plain)];
+    let message = codec::message(&fwd.msg);
+    let mut record = Vec::with_capacity(message.len() + fwd.msg.origin_client.len() + sender.len() + 32);
+    record.push(u8::from(fwd.scope.plain));
+    record.extend_from_slice(&(fwd.scope.groups.len() as u32).to_le_bytes());
     for g in &fwd.scope.groups {
-        scope.push(0);
-        scope.extend_from_slice(g.as_bytes());
+        put(&mut record, g.as_bytes());
     }
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(inbox)
-        .arg("*")
-        .arg("k")
-        .arg("m")
-        .arg("m")
-        .arg(codec::message(&fwd.msg))
-        .arg("s")
-        .arg(scope)
-        .arg("c")
-        .arg(&*fwd.msg.origin_client)
-        .arg("o")
-        .arg(sender)
-        .arg("n")
-        .arg(n);
-    cmd
+    put(&mut record, fwd.msg.origin_client.as_bytes());
+    put(&mut record, sender.as_bytes());
+    record.extend_from_slice(&n.to_le_bytes());
+    record.extend_from_slice(&message);
+    record
 }
 
 /// XADD of a handover request or answer to `inbox`.
@@ -76,27 +89,115 @@ pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
         String::from_utf8(b.to_vec()).map_err(|_| "a field is not UTF-8".to_string())
     };
     match get(b"k") {
-        Some(b"m") => {
-            let mut msg = codec::read_message(get(b"m").ok_or("no message")?)?;
-            let client = text(b"c").unwrap_or_default();
-            let n = text(b"n")?.parse().map_err(|_| "bad message number")?;
-            if let Some(m) = Arc::get_mut(&mut msg) {
-                m.origin_client = ByteString::from(client);
-                m.remote_id = Some(RemoteId { sender: text(b"o")?.into(), number: n });
-            }
-            let s = get(b"s").ok_or("no scope")?;
-            let plain = s.first() == Some(&1);
-            let groups = s
-                .get(1..)
-                .unwrap_or_default()
-                .split(|b| *b == 0)
-                .skip(1)
-                .map(|g| String::from_utf8_lossy(g).into())
-                .collect();
-            Ok(Entry::Message { msg, scope: Scope { plain, groups } })
-        }
+        Some(b"p") => unpack(get(b"p").ok_or("no messages")?).map(Entry::Messages),
         Some(b"r") => Ok(Entry::Release { client_id: text(b"c")?.into(), from: text(b"f")? }),
         Some(b"d") => Ok(Entry::Released { client_id: text(b"c")?.into() }),
         _ => Err("unknown entry kind".into()),
+    }
+}
+
+/// The messages of a [`Pack`].
+fn unpack(mut packed: &[u8]) -> Result<Vec<(Arc<Message>, Scope)>, String> {
+    let mut out = Vec::new();
+    while !packed.is_empty() {
+        let mut record = take(&mut packed)?;
+        let plain = take_n::<1>(&mut record)?[0] == 1;
+        let groups = u32::from_le_bytes(take_n(&mut record)?);
+        let groups = (0..groups)
+            .map(|_| Ok(String::from_utf8_lossy(take(&mut record)?).into()))
+            .collect::<Result<_, String>>()?;
+        let client = take_text(&mut record)?;
+        let sender = take_text(&mut record)?;
+        let number = u64::from_le_bytes(take_n(&mut record)?);
+        let mut msg = codec::read_message(record)?;
+        if let Some(m) = Arc::get_mut(&mut msg) {
+            m.origin_client = ByteString::from(client);
+            m.remote_id = Some(RemoteId { sender: sender.into(), number });
+        }
+        out.push((msg, Scope { plain, groups }));
+    }
+    Ok(out)
+}
+
+/// Appends `b`, prefixed by its length.
+fn put(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Takes what [`put`] wrote from the front of `input`.
+fn take<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], String> {
+    let len = u32::from_le_bytes(take_n(input)?) as usize;
+    if input.len() < len {
+        return Err("a packed message is cut short".into());
+    }
+    let (b, rest) = input.split_at(len);
+    *input = rest;
+    Ok(b)
+}
+
+fn take_text(input: &mut &[u8]) -> Result<String, String> {
+    String::from_utf8(take(input)?.to_vec()).map_err(|_| "a packed field is not UTF-8".to_string())
+}
+
+/// Takes `N` bytes from the front of `input`.
+fn take_n<const N: usize>(input: &mut &[u8]) -> Result<[u8; N], String> {
+    let (head, rest) = input.split_first_chunk::<N>().ok_or("a packed message is cut short")?;
+    *input = rest;
+    Ok(*head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_proto::{Properties, QoS};
+
+    fn message(payload: Vec<u8>) -> Message {
+        Message {
+            topic: "a/b".into(),
+            payload: payload.into(),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: Properties::default(),
+            expires_at: None,
+            origin: 7,
+            origin_client: "pub".into(),
+            remote_id: None,
+        }
+    }
+
+    #[test]
+    fn a_pack_reads_back_in_order_with_identity_and_scope() {
+        let mut pack = Pack::default();
+        for (i, plain) in [(1u64, true), (2, false)] {
+            let msg = message(vec![i as u8; 3]);
+            let scope = Scope { plain, groups: if plain { vec![] } else { vec!["g1".into(), "g2".into()] } };
+            pack.push(&record("n1@5", &Forward { msg: Arc::new(msg), scope, id: i }));
+        }
+        let mut fields = vec![];
+        for arg in pack.into_cmd("inbox").args_iter().skip(3) {
+            if let redis::Arg::Simple(b) = arg {
+                fields.push(Value::BulkString(b.to_vec()));
+            }
+        }
+        let Entry::Messages(got) = read(&fields).unwrap() else { panic!("not messages") };
+        assert_eq!(got.len(), 2);
+        assert_eq!(&got[0].0.payload[..], &[1, 1, 1]);
+        assert!(got[0].1.plain && got[0].1.groups.is_empty());
+        assert_eq!(got[1].1.groups, vec![Box::from("g1"), Box::from("g2")]);
+        let id = got[1].0.remote_id.clone().unwrap();
+        assert_eq!((&*id.sender, id.number, &*got[1].0.origin_client), ("n1@5", 2, "pub"));
+    }
+
+    #[test]
+    fn a_cut_pack_is_an_error_not_a_panic() {
+        let mut pack = Pack::default();
+        let msg = message(vec![0; 10]);
+        let fwd = Forward { msg: Arc::new(msg), scope: Scope { plain: true, groups: vec![] }, id: 1 };
+        pack.push(&record("n1@5", &fwd));
+        let whole = pack.0.clone();
+        for cut in [1, 5, whole.len() - 1] {
+            assert!(unpack(&whole[..cut]).is_err(), "cut at {cut}");
+        }
     }
 }
