@@ -199,10 +199,15 @@ class MqttClient(MessageCollector):
     ``client_id``, ``protocol``, ``connack`` (:class:`ConnAck`, after connect), ``disconnected``
     (threading.Event set when the connection ends), ``disconnect_reason`` (paho ReasonCode or None),
     ``disconnect_properties`` (v5 DISCONNECT properties from the server, or None).
+
+    With ``manual_ack=True`` received QoS 1 messages are not acknowledged until ``ack(msg)``
+    (a client that holds messages unacknowledged). QoS 2 is not held: paho sends PUBREC at once
+    and only withholds PUBCOMP; use raw_v5.Raw5 to hold a QoS 2 PUBLISH unacknowledged.
     """
 
     def __init__(self, broker, client_id: Optional[str] = None, protocol=MQTTv311,
-                 clean_session: Optional[bool] = True, userdata=None, transport: str = "tcp"):
+                 clean_session: Optional[bool] = True, userdata=None, transport: str = "tcp",
+                 manual_ack: bool = False):
         super().__init__()
         self.broker = broker
         self.protocol = protocol
@@ -215,6 +220,7 @@ class MqttClient(MessageCollector):
             protocol=protocol,
             transport=transport,
             reconnect_on_failure=False,
+            manual_ack=manual_ack,
         )
         self.client.max_inflight_messages_set(65535)
         self.client.max_queued_messages_set(0)
@@ -348,6 +354,11 @@ class MqttClient(MessageCollector):
             return 0
         return self._wait_ack(info.mid, "PUBACK/PUBCOMP", timeout)
 
+    def ack(self, msg: Msg) -> None:
+        """With ``manual_ack=True``: acknowledge the received QoS 1 ``msg`` now (PUBACK)."""
+        rc = self.client.ack(msg.mid, msg.qos)
+        assert rc == paho.MQTT_ERR_SUCCESS, f"ack of mid {msg.mid} failed locally: {rc}"
+
     def disconnect(self, reasoncode=None, properties=None, timeout: float = TIMEOUT) -> None:
         """Normal close: send DISCONNECT, wait for the connection to end, stop the loop thread."""
         if self.connected.is_set():
@@ -393,15 +404,17 @@ class MqttClient(MessageCollector):
 def connect_client(broker, client_id: Optional[str] = None, protocol=MQTTv311, clean_session: bool = True,
                    clean_start: bool = True, keepalive: int = 60, will: Optional[dict] = None,
                    properties=None, username=None, password=None, timeout: float = TIMEOUT,
-                   expect_success: bool = True) -> MqttClient:
+                   expect_success: bool = True, manual_ack: bool = False) -> MqttClient:
     """Create an :class:`MqttClient` for ``broker`` and connect it (waits for CONNACK).
 
     ``protocol``: MQTTv31 / MQTTv311 / MQTTv5. ``clean_session`` applies to 3.x, ``clean_start`` and
     ``properties`` (CONNECT properties, e.g. SessionExpiryInterval) to v5. ``client_id=None`` picks a
     unique id; pass ``""`` for an empty one. ``will``: dict of paho ``will_set`` kwargs. The caller
-    must ``close()`` it (the ``connect`` fixture does so automatically).
+    must ``close()`` it (the ``connect`` fixture does so automatically). ``manual_ack``: QoS 1
+    messages are acknowledged only by ``MqttClient.ack(msg)``.
     """
-    c = MqttClient(broker, client_id=client_id, protocol=protocol, clean_session=clean_session)
+    c = MqttClient(broker, client_id=client_id, protocol=protocol, clean_session=clean_session,
+                   manual_ack=manual_ack)
     try:
         c.connect(keepalive=keepalive, clean_start=clean_start, properties=properties, will=will,
                   username=username, password=password, timeout=timeout, expect_success=expect_success)

@@ -7,7 +7,7 @@ use braid_proto::{ByteString, Bytes, Properties, Publish, QoS};
 
 /// A message on its way through the broker. Topic and payload are zero-copy slices of the
 /// publisher's read buffer; every queue holds an `Arc` to the same message.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Message {
     /// Topic name.
     pub topic: ByteString,
@@ -129,6 +129,9 @@ pub struct Delivery {
     pub seq: u64,
     /// The stream of the subscription that matched.
     pub stream: StreamTag,
+    /// The shared group it was picked from, if it came through a shared subscription: if its
+    /// client goes away before acknowledging it, another member may get it instead.
+    pub group: Option<Arc<str>>,
 }
 
 /// The Subscription Identifiers a delivery carries (v5): none or one without an allocation,

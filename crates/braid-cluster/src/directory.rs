@@ -12,7 +12,7 @@ use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-use braid_broker::broker::Broker;
+use braid_broker::broker::{Broker, WillOnRelease};
 use braid_broker::directory::{self as seam, Waiting};
 use braid_proto::{ByteString, ReasonCode};
 
@@ -126,7 +126,7 @@ async fn claim(
             redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
         let Some(owner) = owner.filter(|o| *o != shared.me) else { break };
         claiming = Some(Claiming::new(shared));
-        if request_release(shared, &mut conn, client_id, &owner).await || Instant::now() > deadline {
+        if request_release(shared, &mut conn, client_id, &owner, clean).await || Instant::now() > deadline {
             break;
         }
         // Not while waiting for a gone node's lease to lapse.
@@ -155,7 +155,7 @@ async fn claim(
     if !prev.is_empty() && prev != shared.me {
         // Claimed by yet another node in the meantime: its writes are fenced from now on;
         // it is asked to close its connection all the same.
-        request_release(shared, &mut conn, client_id, &prev).await;
+        request_release(shared, &mut conn, client_id, &prev, clean).await;
         let _: redis::RedisResult<()> =
             redis::cmd("SREM").arg(shared.keys.owned(&prev)).arg(client_id).query_async(&mut conn).await;
     }
@@ -167,7 +167,7 @@ async fn claim(
         .await
         .map_err(err)?;
     if !clean && !broker.has_session(client_id) {
-        sessions::adopt(shared, broker, client_id).await?;
+        sessions::adopt(shared, broker, client_id, true).await?;
     }
     drop(claiming);
     Ok(())
@@ -189,15 +189,22 @@ impl Drop for Claiming<'_> {
     }
 }
 
-/// Asks `owner`, if alive, to close `client_id`'s connection and write out its session, and
-/// waits for its answer (at most `cluster.takeover_timeout_ms`): true if it answered.
-async fn request_release(shared: &Shared, conn: &mut Conn, client_id: &str, owner: &str) -> bool {
+/// Asks `owner`, if alive, to close `client_id`'s connection and write out its session (for a
+/// client that starts `clean`: the session ends), and waits for its answer (at most
+/// `cluster.takeover_timeout_ms`): true if it answered.
+async fn request_release(
+    shared: &Shared,
+    conn: &mut Conn,
+    client_id: &str,
+    owner: &str,
+    clean: bool,
+) -> bool {
     if !membership::alive(shared, conn, owner).await {
         return false;
     }
     let (tx, rx) = oneshot::channel();
     shared.handovers.lock().insert(client_id.into(), tx);
-    let request = wire::control_cmd(&shared.keys.inbox(owner), "r", client_id, &shared.me);
+    let request = wire::release_cmd(&shared.keys.inbox(owner), client_id, &shared.me, clean);
     let sent: redis::RedisResult<()> = request.query_async(conn).await;
     if sent.is_err() {
         shared.handovers.lock().remove(client_id);
@@ -225,20 +232,27 @@ async fn check_owner(shared: &Shared, broker: &Broker, client_id: &str) {
     let Ok((owner, epoch)) = meta else { return };
     let mine = shared.store.epoch(client_id);
     if owner.as_deref() != Some(&*shared.me) || (mine.is_some() && epoch != mine) {
-        if broker.release(client_id, Instant::now(), None).is_some() {
+        if broker.release(client_id, Instant::now(), None, WillOnRelease::Resumed).is_some() {
             warn!(%client_id, "cluster: another node claimed this client id at the same time; its connection here is closed");
         }
         shared.store.unbind(client_id);
     }
 }
 
-/// Another node claims `client_id`: closes its connection here (0x8E), waits until what its
-/// session wrote is in Redis, and tells `to` so.
-pub(crate) async fn hand_over(shared: Arc<Shared>, broker: Arc<Broker>, client_id: ByteString, to: String) {
+/// Another node claims `client_id` (for a client that starts `clean`): closes its connection
+/// here (0x8E), waits until what its session wrote is in Redis, and tells `to` so.
+pub(crate) async fn hand_over(
+    shared: Arc<Shared>,
+    broker: Arc<Broker>,
+    client_id: ByteString,
+    to: String,
+    clean: bool,
+) {
     // A session taken from a gone node goes on only with what that node's inbox held for it.
     let _ = shared.reaping.subscribe().wait_for(|n| *n == 0).await;
     let relay = routes::relay_sink(&shared, &broker, &to);
-    if let Some((ticket, filters)) = broker.release(&client_id, Instant::now(), Some(&relay)) {
+    let will = if clean { WillOnRelease::Ended } else { WillOnRelease::Resumed };
+    if let Some((ticket, filters)) = broker.release(&client_id, Instant::now(), Some(&relay), will) {
         routes::relaying(&shared, &broker, &to, filters.iter().map(|f| f.to_string()).collect());
         shared.store.wait_durable(ticket).await;
         shared.store.unbind(&client_id);
@@ -246,7 +260,7 @@ pub(crate) async fn hand_over(shared: Arc<Shared>, broker: Arc<Broker>, client_i
     }
     let mut conn = shared.conn.clone();
     let mut pipe = redis::pipe();
-    pipe.add_command(wire::control_cmd(&shared.keys.inbox(&to), "d", &client_id, &shared.me)).ignore();
+    pipe.add_command(wire::released_cmd(&shared.keys.inbox(&to), &client_id, &shared.me)).ignore();
     let _: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
 }
 
@@ -261,7 +275,7 @@ pub(crate) async fn release_fenced(
         if shared.store.epoch(&client_id).is_some_and(|now| now > epoch) {
             continue;
         }
-        if broker.release(&client_id, Instant::now(), None).is_some() {
+        if broker.release(&client_id, Instant::now(), None, WillOnRelease::Resumed).is_some() {
             warn!(%client_id, "cluster: another node owns this session now; its connection here is closed");
         }
         shared.store.unbind(&client_id);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use braid_broker::broker::Broker;
+use braid_broker::broker::{Broker, WillOnRelease};
 use braid_broker::config::PartitionPolicy;
 use braid_broker::message::Message;
 use braid_proto::ReasonCode;
@@ -91,7 +91,7 @@ fn stop_serving(shared: &Shared, broker: &Broker) {
 async fn rejoin(shared: &Arc<Shared>, broker: &Arc<Broker>) -> Result<(), crate::ClusterError> {
     let now = Instant::now();
     for client_id in broker.client_ids() {
-        broker.release(&client_id, now, None);
+        broker.release(&client_id, now, None, WillOnRelease::Kept);
         shared.store.unbind(&client_id);
     }
     inbox::create_group(&mut shared.conn.clone(), &shared.keys.inbox(&shared.me)).await?;

@@ -84,8 +84,8 @@ pub(crate) async fn create_group(conn: &mut Conn, inbox: &str) -> Result<(), Clu
 }
 
 /// What the node does with a request, read from its inbox, to hand a session over: the
-/// client id and the node that asks.
-pub(crate) type OnRelease = Arc<dyn Fn(ByteString, String) + Send + Sync>;
+/// client id, the node that asks, and whether its client starts clean.
+pub(crate) type OnRelease = Arc<dyn Fn(ByteString, String, bool) + Send + Sync>;
 
 /// Creates this node's inbox group and returns the reader's task.
 pub(crate) async fn run(
@@ -192,9 +192,9 @@ pub(crate) fn take_in(
         backlog.ids.push(id);
         match wire::read(&fields) {
             Ok(Entry::Messages(mut messages)) => backlog.messages.append(&mut messages),
-            Ok(Entry::Release { client_id, from }) => {
+            Ok(Entry::Release { client_id, from, clean }) => {
                 if let Some(on_release) = on_release {
-                    on_release(client_id, from);
+                    on_release(client_id, from, clean);
                 }
             }
             Ok(Entry::Released { client_id }) if on_release.is_some() => {

@@ -32,7 +32,7 @@ mod store;
 mod streams;
 mod wire;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -90,6 +90,8 @@ struct Shared {
     serving: AtomicBool,
     /// A remote subscriber for each other node: by its routes, and as a relay.
     sinks: Mutex<HashMap<(String, bool), RemoteRef>>,
+    /// Nodes taken over here whose routes have not come back (see [`routes::NodeSink`]).
+    gone: Mutex<HashSet<String>>,
     /// How many of the broker's filter changes were written to the route log, and the store
     /// ticket of the last one.
     announced: tokio::sync::watch::Sender<(u64, u64)>,
@@ -138,6 +140,7 @@ impl Node {
             seen: Mutex::new(inbox::Seen::default()),
             serving: AtomicBool::new(true),
             sinks: Mutex::new(HashMap::new()),
+            gone: Mutex::new(HashSet::new()),
             handovers: Mutex::new(HashMap::new()),
             reaping: tokio::sync::watch::Sender::new(0),
             claiming: tokio::sync::watch::Sender::new(0),
@@ -169,8 +172,8 @@ impl Node {
         tokio::spawn(routes::follow(shared.clone(), broker.clone()));
         let on_release: inbox::OnRelease = {
             let (shared, broker) = (shared.clone(), broker.clone());
-            Arc::new(move |client_id, to| {
-                tokio::spawn(directory::hand_over(shared.clone(), broker.clone(), client_id, to));
+            Arc::new(move |client_id, to, clean| {
+                tokio::spawn(directory::hand_over(shared.clone(), broker.clone(), client_id, to, clean));
             })
         };
         tokio::spawn(inbox::run(shared.clone(), broker.clone(), on_release).await?);

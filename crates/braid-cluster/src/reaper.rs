@@ -78,6 +78,7 @@ pub(crate) async fn take_over(
         return Ok(false);
     }
     shared.reaping.send_modify(|n| *n += 1);
+    shared.gone.lock().insert(node.to_string());
     let reaped = reap(shared, broker, node).await;
     shared.reaping.send_modify(|n| *n -= 1);
     match reaped {
@@ -113,7 +114,7 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
             shared.store.set_epoch(client_id, epoch as u64);
             let id = match broker.session_id(client_id) {
                 Some(id) => Some(id),
-                None => sessions::adopt(shared, broker, client_id).await.map_err(|e| {
+                None => sessions::adopt(shared, broker, client_id, false).await.map_err(|e| {
                     redis::RedisError::from((redis::ErrorKind::Client, "adopting a session", e.to_string()))
                 })?,
             };
@@ -138,6 +139,7 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
     routes::flushed(shared, broker).await;
     if membership::alive(shared, &mut conn, node).await {
         info!(%node, "cluster: a node being taken over is back; its routes stay");
+        shared.gone.lock().remove(node);
         return Ok(taken);
     }
     let mut forget_routes = redis::cmd("DEL");

@@ -39,6 +39,12 @@ impl RemoteSink for NodeSink {
         self.relay
     }
 
+    /// Not while its node is being taken over (or was, and has not announced routes since):
+    /// a shared group passes it over for a member that can take the message.
+    fn can_accept(&self) -> bool {
+        !self.shared.gone.lock().contains(&self.node)
+    }
+
     fn deliver(&self, fwd: Forward, _now: Instant) -> (Enqueued, Ticket) {
         // A node's own `$SYS` values stay on it.
         if fwd.msg.origin == 0 && fwd.msg.topic.starts_with("$SYS/") {
@@ -297,7 +303,11 @@ fn apply(shared: &Arc<Shared>, broker: &Broker, table: &mut Table, fields: &[Val
         return;
     }
     match op.as_str() {
-        "add" => table.add(shared, broker, &node, &filter),
+        "add" => {
+            // Announcing routes, the node is back.
+            shared.gone.lock().remove(&node);
+            table.add(shared, broker, &node, &filter)
+        }
         "remove" => table.remove(shared, broker, &node, &filter),
         "reset" => table.reset(shared, broker, &node),
         _ => {}

@@ -14,11 +14,13 @@ use crate::store::read_session;
 use crate::{ClusterError, Shared};
 
 /// Reads `client_id`'s session from Redis and has the broker adopt it; returns its id here,
-/// None if Redis has no session (it ended).
+/// None if Redis has no session (it ended). Unless its client is `connecting` here, what it got
+/// through shared subscriptions and did not acknowledge goes to other members of the groups.
 pub(crate) async fn adopt(
     shared: &Shared,
     broker: &Arc<Broker>,
     client_id: &str,
+    connecting: bool,
 ) -> Result<Option<u64>, ClusterError> {
     let keys = shared.keys.session(client_id);
     let mut conn = shared.conn.clone();
@@ -40,6 +42,9 @@ pub(crate) async fn adopt(
     else {
         return Ok(None);
     };
+    if connecting {
+        session.shared.clear();
+    }
     let id = broker.new_session_id();
     session.record.id = id;
     shared.store.bind(id, client_id);
@@ -79,7 +84,7 @@ pub(crate) async fn adopt_owned(shared: &Arc<Shared>, broker: &Arc<Broker>) -> R
         let mine = matches!(&meta, (Some(owner), Some(_)) if *owner == shared.me);
         if let (true, Some(epoch)) = (mine, meta.1) {
             shared.store.set_epoch(&client_id, epoch);
-            if adopt(shared, broker, &client_id).await?.is_some() {
+            if adopt(shared, broker, &client_id, false).await?.is_some() {
                 adopted += 1;
                 continue;
             }

@@ -491,10 +491,11 @@ pub(crate) fn read_session(
         _ => Vec::new(),
     };
     let next_seq = queued.last().map_or(1, |s| s.seq + 1);
-    let queued = queued.iter().map(|s| (s.seq, s.delivery.size())).collect();
+    let sizes = queued.iter().map(|s| (s.seq, s.delivery.size())).collect();
+    let shared = queued.into_iter().filter(|s| s.delivery.group.is_some()).collect();
     let held_remote = pairs(queue_and_stages.first())
         .filter(|(field, _)| field.first() == Some(&b'r'))
         .filter_map(|(_, id)| read_remote_key(id))
         .collect();
-    Ok(Some(RecoveredSession { record, next_seq, queued, incoming_qos2, held_remote }))
+    Ok(Some(RecoveredSession { record, next_seq, queued: sizes, incoming_qos2, held_remote, shared }))
 }

@@ -20,8 +20,9 @@ pub(crate) enum Entry {
     /// Messages to route to this node's sessions, in the order they were sent: each with
     /// its publisher's client id and remote id set, and which subscriptions it is for.
     Messages(Vec<(Arc<Message>, Scope)>),
-    /// Another node claims `client_id`: close its connection here and hand its session over.
-    Release { client_id: ByteString, from: String },
+    /// Another node claims `client_id` (for a client that starts `clean`): close its
+    /// connection here and hand its session over.
+    Release { client_id: ByteString, from: String, clean: bool },
     /// The node asked has handed `client_id`'s session over.
     Released { client_id: ByteString },
 }
@@ -72,8 +73,20 @@ pub(crate) fn record(incarnation: &str, fwd: &Forward) -> Vec<u8> {
     record
 }
 
-/// XADD of a handover request or answer to `inbox`.
-pub(crate) fn control_cmd(inbox: &str, kind: &str, client_id: &str, from: &str) -> Cmd {
+/// XADD to `inbox` of a request to hand `client_id`'s session over to `from`, for a client
+/// that starts `clean`.
+pub(crate) fn release_cmd(inbox: &str, client_id: &str, from: &str, clean: bool) -> Cmd {
+    let mut cmd = control_cmd(inbox, "r", client_id, from);
+    cmd.arg("s").arg(u8::from(clean));
+    cmd
+}
+
+/// XADD to `inbox` of the answer that `client_id`'s session was handed over by `from`.
+pub(crate) fn released_cmd(inbox: &str, client_id: &str, from: &str) -> Cmd {
+    control_cmd(inbox, "d", client_id, from)
+}
+
+fn control_cmd(inbox: &str, kind: &str, client_id: &str, from: &str) -> Cmd {
     let mut cmd = redis::cmd("XADD");
     cmd.arg(inbox).arg("*").arg("k").arg(kind).arg("c").arg(client_id).arg("f").arg(from);
     cmd
@@ -90,7 +103,11 @@ pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
     };
     match get(b"k") {
         Some(b"p") => unpack(get(b"p").ok_or("no messages")?).map(Entry::Messages),
-        Some(b"r") => Ok(Entry::Release { client_id: text(b"c")?.into(), from: text(b"f")? }),
+        Some(b"r") => Ok(Entry::Release {
+            client_id: text(b"c")?.into(),
+            from: text(b"f")?,
+            clean: get(b"s") == Some(b"1"),
+        }),
         Some(b"d") => Ok(Entry::Released { client_id: text(b"c")?.into() }),
         _ => Err("unknown entry kind".into()),
     }

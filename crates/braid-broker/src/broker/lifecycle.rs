@@ -16,20 +16,26 @@ use crate::store::Op;
 impl Broker {
     /// A connection of `session` ended at `now`. Sends or schedules the will and ends or
     /// schedules the end of the session, unless another connection took the session over.
+    /// What the client got through shared subscriptions and did not acknowledge goes to other
+    /// members of those groups (see [`crate::session::SessionState::take_shared`]).
     pub fn disconnected(&self, session: &Arc<Session>, generation: u64, ending: Ending, now: Instant) {
-        let (will_delay, expiry, ctl) = {
+        let others = self.other_members(session);
+        let (will_delay, expiry, ctl, taken) = {
             let mut st = session.lock();
             let ctl = st.link.as_ref().map(|l| l.ctl.clone());
-            if !st.detach(generation) {
+            if !st.is_attached(generation) {
                 return;
             }
+            let taken = st.take_shared(&others);
+            st.detach(generation);
             if ending != Ending::WithWill {
                 st.will = None;
             }
             // Saved with a delayed will, so a restart before the delay still sends it.
             st.save(self.unix_secs(now));
-            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs, ctl)
+            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs, ctl, taken)
         };
+        self.hand_to_other_members(session, &others, taken, now);
         session.release_publishers(Release::All);
         self.metrics.client_disconnected();
         self.schedule_end(session, generation, will_delay, expiry, now, 0);

@@ -159,6 +159,20 @@ pub enum Ending {
     Silent,
 }
 
+/// What becomes of the will of a session this broker lets go of for another node of a
+/// cluster (see [`Broker::release`]). A will without delay of a connection it closes is sent
+/// here in every case, as that connection ended without DISCONNECT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WillOnRelease {
+    /// Its client resumes it elsewhere: a delayed will is off, as on a takeover.
+    Resumed,
+    /// Its client starts clean elsewhere: the session ends, and a delayed will is sent now.
+    Ended,
+    /// No client claims it (this node is rejoining): a delayed will stays in its saved record,
+    /// for whoever holds the session next.
+    Kept,
+}
+
 impl Broker {
     /// A broker with `config` and the memory store; call [`crate::server::Server`] to put it
     /// on the network.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::{
-    Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, SubscriptionOptions,
-    UnsubAck, Unsubscribe,
+    ByteString, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe,
+    SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 
 use super::{split_filter, Arrival, Broker, Holder, Published};
@@ -16,7 +16,7 @@ use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::router::{FilterChange, Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber, Target};
-use crate::session::{Enqueued, Session};
+use crate::session::{Enqueued, OtherMembers, Session};
 use crate::store::{Op, SubscriptionRecord, Ticket};
 
 impl Broker {
@@ -71,7 +71,8 @@ impl Broker {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
-                let d = Delivery { msg, qos, retain: true, sub_ids: sub_id.into(), seq: 0, stream };
+                let d =
+                    Delivery { msg, qos, retain: true, sub_ids: sub_id.into(), seq: 0, stream, group: None };
                 let _ = self.deliver(session, d, now);
             }
         }
@@ -162,7 +163,7 @@ impl Broker {
         let mut out = Published::default();
         let router = self.router.read();
         let mut targets = Vec::new();
-        router.route_forwarded(&msg, scope, &mut targets);
+        router.route_forwarded(&msg, scope, matches!(arrival, Arrival::Drained(_)), &mut targets);
         match arrival {
             Arrival::Sent => {}
             // Session ids and forward numbers come from one counter: a later session has a higher id.
@@ -175,6 +176,52 @@ impl Broker {
         self.forward_to_remotes(&msg, &targets, &mut out, now);
         self.deliver_to_sessions(&msg, &targets, &mut out, now);
         out
+    }
+
+    /// The shared subscriptions of `session` whose groups have other members.
+    pub(super) fn other_members(&self, session: &Session) -> OtherMembers {
+        let filters: Vec<ByteString> =
+            session.lock().subscriptions.keys().filter(|f| f.starts_with('$')).cloned().collect();
+        let router = self.router.read();
+        let shared = filters.iter().filter_map(|f| {
+            let (inner, group) = split_filter(f)?;
+            let group = group?;
+            router.has_other_member(inner, group, session.id).then(|| (group.into(), inner.into()))
+        });
+        OtherMembers(shared.collect())
+    }
+
+    /// Hands `taken`, deliveries that `from` got through its shared subscriptions `others` and
+    /// did not acknowledge before it went offline, to other members of those groups at `now`.
+    /// One whose group has lost its other members meanwhile goes back to `from`.
+    pub(super) fn hand_to_other_members(
+        &self,
+        from: &Session,
+        others: &OtherMembers,
+        taken: Vec<Delivery>,
+        now: Instant,
+    ) {
+        if taken.is_empty() {
+            return;
+        }
+        let router = self.router.read();
+        let mut out = Published::default();
+        for d in taken {
+            let pick =
+                others.of(&d).and_then(|(group, filter)| router.pick_instead(filter, group, from.id, &d.msg));
+            let Some(target) = pick else {
+                self.deliver(from, d, now);
+                continue;
+            };
+            // Under a new identity: a node it goes to may have seen the one it came with.
+            let msg = match d.msg.remote_id {
+                Some(_) => Arc::new(Message { remote_id: None, ..(*d.msg).clone() }),
+                None => d.msg,
+            };
+            let targets = [target];
+            self.forward_to_remotes(&msg, &targets, &mut out, now);
+            self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        }
     }
 
     /// Hands `msg` to the remote subscribers among `targets`, once each, with the scope of

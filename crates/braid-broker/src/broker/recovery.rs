@@ -8,10 +8,10 @@ use braid_proto::QoS;
 
 use super::lifecycle::will_delay;
 use super::{split_filter, Broker, ById};
-use crate::message::StreamTag;
+use crate::message::{Delivery, StreamTag};
 use crate::router::{SubEntry, Subscriber};
 use crate::session::{OnDisk, Persist, Queue, RemoteIds, Session};
-use crate::store::RecoveredSession;
+use crate::store::{RecoveredSession, Stage, Stored};
 
 impl Broker {
     /// Loads what the store kept: retained messages, sessions (offline, their deliveries on
@@ -42,11 +42,33 @@ impl Broker {
     /// Its record's `id` must come from [`Broker::new_session_id`] (the store may have to know
     /// it first: its will or its end may be due at once). Until [`Broker::settled`], a message
     /// from another node it holds or was offered is not queued for it again.
-    pub fn adopt(&self, session: RecoveredSession, now: Instant) {
+    pub fn adopt(&self, mut session: RecoveredSession, now: Instant) {
         let client_id = session.record.client_id.clone();
         let held: RemoteIds = session.held_remote.iter().cloned().collect();
+        let shared = std::mem::take(&mut session.shared);
         self.restore_session(session, self.unix_secs(now), now);
         self.with_persist(&client_id, |p| p.remote_ids = Some(Box::new(held)));
+        self.hand_off_shared(&client_id, shared, now);
+    }
+
+    /// Hands the deliveries `shared` of offline `client_id`'s session that its client may not
+    /// have (queued, or QoS 1 sent without a PUBACK) to other members of their groups, as
+    /// [`Broker::disconnected`] does for a client that goes away here.
+    fn hand_off_shared(&self, client_id: &str, shared: Vec<Stored>, now: Instant) {
+        let Some(session) = self.sessions.lock().get(client_id).map(|s| s.0.clone()) else { return };
+        let others = self.other_members(&session);
+        let unacked = |s: &Stored| match s.stage {
+            Stage::Queued => true,
+            Stage::Sent => s.delivery.qos == QoS::AtLeastOnce,
+            Stage::Released => false,
+        };
+        let taken: Vec<Delivery> = shared
+            .into_iter()
+            .filter(|s| unacked(s) && others.covers(&s.delivery))
+            .map(|s| s.delivery)
+            .collect();
+        self.with_persist(client_id, |p| taken.iter().for_each(|d| p.hand_off(d.seq)));
+        self.hand_to_other_members(&session, &others, taken, now);
     }
 
     /// `client_id`'s move to this broker has settled: messages from other nodes no longer come

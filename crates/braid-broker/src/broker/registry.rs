@@ -9,7 +9,7 @@ use braid_proto::{
     ByteString, ConnAck, Connect, Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions,
 };
 
-use super::{split_filter, Accepted, Broker, ById, Connected};
+use super::{split_filter, Accepted, Broker, ById, Connected, WillOnRelease};
 use crate::control::ConnControl;
 use crate::router::{RemoteRef, SubEntry};
 use crate::session::{Link, Persist, Release, Session};
@@ -180,6 +180,11 @@ impl Broker {
             self.publish_will(old, *will, now);
         }
         if discard {
+            // The session ends: what came through its shared subscriptions and was not
+            // acknowledged goes to other members.
+            let others = self.other_members(old);
+            let taken = old.lock().take_shared(&others);
+            self.hand_to_other_members(old, &others, taken, now);
             self.drop_subscriptions(old);
             old.lock().forget();
         }
@@ -190,13 +195,15 @@ impl Broker {
     /// subscriptions go to `relay` (a remote subscriber for that node), if given, in the same
     /// step, so a message routed here meanwhile goes there; its connection is closed (0x8E) as in a
     /// takeover; what it persisted is left in the store for the new holder and nothing more is
-    /// written for it. Returns the store ticket of its last change (the handover waits until
-    /// that is durable) and the filters moved to `relay`, or None if there is no such session.
+    /// written for it; `will` says what becomes of its will. Returns the store ticket of its
+    /// last change (the handover waits until that is durable) and the filters moved to `relay`,
+    /// or None if there is no such session.
     pub fn release(
         &self,
         client_id: &str,
         now: Instant,
         relay: Option<&RemoteRef>,
+        will: WillOnRelease,
     ) -> Option<(Ticket, Vec<ByteString>)> {
         let session = self.sessions.lock().get(client_id)?.0.clone();
         let filters: Vec<ByteString> = session.lock().subscriptions.keys().cloned().collect();
@@ -214,13 +221,21 @@ impl Broker {
             }
         }
         // The connection goes as in a takeover (its will, if due, is sent here, once); the
-        // record is saved without it, then nothing more is written: whatever was routed to the
-        // session before is in its store ticket now.
+        // record is saved without the will unless it is kept, then nothing more is written:
+        // whatever was routed to the session before is in its store ticket now.
+        let delayed =
+            session.lock().will.clone().filter(|w| w.properties.will_delay_interval.unwrap_or(0) > 0);
         self.take_over(&session, false, now);
+        match (will, delayed) {
+            (WillOnRelease::Ended, Some(w)) => self.publish_will(&session, *w, now),
+            (WillOnRelease::Kept, Some(w)) => session.lock().will = Some(w),
+            _ => {}
+        }
         let persist = {
             let mut st = session.lock();
-            st.will = None;
             st.save(self.unix_secs(now));
+            // Its timer here (if it had one) finds nothing to send.
+            st.will = None;
             st.subscriptions.clear();
             st.persist.take()
         };

@@ -20,6 +20,7 @@ use crate::config::{Overlapping, SharedStrategy};
 use crate::message::{Delivery, Message, SubIds};
 use crate::session::SessionState;
 
+use shared::Group;
 use trie::Trie;
 
 /// One delivery of a routed message: for one matching subscription, or for several of one
@@ -77,6 +78,7 @@ impl<'a> Target<'a> {
             sub_ids,
             seq: 0,
             stream: e.stream,
+            group: self.group.map(Arc::from),
         }
     }
 }
@@ -260,8 +262,16 @@ impl Router {
     /// sessions and relays (see [`RemoteSink::relays`]), by their normal subscriptions if
     /// `scope.plain`, and to one such member of each shared group `scope.groups` names (the
     /// sender picked this node for them), or, if the group has none left here, to a member on
-    /// another node.
-    pub fn route_forwarded<'a>(&'a self, msg: &Message, scope: &Scope, out: &mut Vec<Target<'a>>) {
+    /// another node. With `spread` (a message read from a gone node's inbox, for sessions that
+    /// are offline now), a group with no member here that can take it passes it on to a
+    /// member elsewhere that can.
+    pub fn route_forwarded<'a>(
+        &'a self,
+        msg: &Message,
+        scope: &Scope,
+        spread: bool,
+        out: &mut Vec<Target<'a>>,
+    ) {
         let strategy = self.strategy;
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
@@ -270,7 +280,15 @@ impl Router {
             // A group with no member here any more (the sender did not know yet) passes the
             // message on to a member elsewhere.
             let picks = groups.filter_map(|g| {
-                let pick = g.pick(strategy, msg, true).or_else(|| g.pick(strategy, msg, false));
+                let local = |m: &SubEntry| m.to.session().is_some();
+                let pick = match spread {
+                    true => g
+                        .pick_where(strategy, msg, local, true)
+                        .or_else(|| g.pick_where(strategy, msg, |_| true, true)),
+                    false => None,
+                };
+                let pick =
+                    pick.or_else(|| g.pick(strategy, msg, true)).or_else(|| g.pick(strategy, msg, false));
                 pick.map(|e| (e, Some(&*g.name)))
             });
             push_targets(out, &mut merging, subs.map(|e| (e, None)).chain(picks));
@@ -278,6 +296,33 @@ impl Router {
         if merging > 1 {
             merge_overlaps(out);
         }
+    }
+
+    /// True if the shared group `group` of `filter` has a member other than `from`.
+    pub fn has_other_member(&self, filter: &str, group: &str, from: u64) -> bool {
+        self.group(filter, group).is_some_and(|g| g.members.iter().any(|m| m.to.id() != from))
+    }
+
+    /// Who gets `msg` instead of `from`, a member of the shared group `group` of `filter` that
+    /// went offline without acknowledging it: another member, one that can take it now if
+    /// any (else the strategy's choice among them); None if `from` is the only member.
+    pub fn pick_instead<'a>(
+        &'a self,
+        filter: &str,
+        group: &str,
+        from: u64,
+        msg: &Message,
+    ) -> Option<Target<'a>> {
+        let g = self.group(filter, group)?;
+        let others = |m: &SubEntry| m.to.id() != from;
+        let pick = g
+            .pick_where(self.strategy, msg, others, true)
+            .or_else(|| g.pick_where(self.strategy, msg, others, false));
+        pick.map(|e| Target::new(e, Some(&*g.name)))
+    }
+
+    fn group(&self, filter: &str, group: &str) -> Option<&Group> {
+        self.trie.slot(filter)?.groups.iter().find(|g| &*g.name == group)
     }
 }
 
@@ -440,6 +485,29 @@ mod tests {
         let l = crate::session::Link::new(braid_proto::ProtocolVersion::V5, 10, u32::MAX, 0, ctl);
         b.lock().attach(l);
         assert!((0..4).all(|_| routed(&r, "t") == [2]));
+    }
+
+    #[test]
+    fn a_gone_members_message_goes_to_another_member_that_can_take_it() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
+        let (a, b, c) = (session(1), session(2), session(3));
+        for s in [&a, &b, &c] {
+            r.subscribe("t/+", Some("g"), entry(s));
+        }
+        assert!(r.has_other_member("t/+", "g", 1));
+        assert!(!r.has_other_member("t/#", "g", 1), "another filter is another group");
+        let instead = |r: &Router| r.pick_instead("t/+", "g", 1, &msg("t/x")).map(|t| t.to.id());
+        // All offline: another member's queue takes it, never the one that went.
+        assert!((0..6).all(|_| matches!(instead(&r), Some(2 | 3))));
+        // c online: c takes it.
+        let ctl = Arc::new(crate::control::ConnControl::new(0, 0));
+        c.lock().attach(crate::session::Link::new(braid_proto::ProtocolVersion::V5, 10, u32::MAX, 0, ctl));
+        assert!((0..4).all(|_| instead(&r) == Some(3)));
+        // The only member left: no one instead.
+        r.unsubscribe("t/+", Some("g"), 2);
+        r.unsubscribe("t/+", Some("g"), 3);
+        assert!(!r.has_other_member("t/+", "g", 1));
+        assert_eq!(instead(&r), None);
     }
 
     #[test]

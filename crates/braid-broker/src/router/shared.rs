@@ -36,20 +36,32 @@ impl Group {
         local_only: bool,
     ) -> Option<&SubEntry> {
         if local_only && self.members.iter().any(|m| m.to.session().is_none()) {
-            let local: Vec<usize> =
-                (0..self.members.len()).filter(|&i| self.members[i].to.session().is_some()).collect();
-            return self.choose(strategy, msg, local.len(), |j| local[j]);
+            return self.pick_where(strategy, msg, |m| m.to.session().is_some(), false);
         }
-        self.choose(strategy, msg, self.members.len(), |j| j)
+        self.choose(strategy, msg, self.members.len(), |j| j, false)
     }
 
-    /// Picks among `k` candidates, the j-th of which is member `at(j)`.
+    /// As [`Group::pick`], among the members `keep` lets count; with `must_accept`, one that
+    /// can take the message now or none.
+    pub(super) fn pick_where(
+        &self,
+        strategy: SharedStrategy,
+        msg: &Message,
+        keep: impl Fn(&SubEntry) -> bool,
+        must_accept: bool,
+    ) -> Option<&SubEntry> {
+        let kept: Vec<usize> = (0..self.members.len()).filter(|&i| keep(&self.members[i])).collect();
+        self.choose(strategy, msg, kept.len(), |j| kept[j], must_accept)
+    }
+
+    /// Picks among `k` candidates, the j-th of which is member `at(j)` (see [`Group::pick`]).
     fn choose(
         &self,
         strategy: SharedStrategy,
         msg: &Message,
         k: usize,
         at: impl Fn(usize) -> usize,
+        must_accept: bool,
     ) -> Option<&SubEntry> {
         if k == 0 {
             return None;
@@ -61,8 +73,11 @@ impl Group {
             SharedStrategy::HashTopic => hash(msg.topic.as_bytes()),
             SharedStrategy::Sticky => self.cursor.load(Ordering::Relaxed),
         } % k;
-        let chosen =
-            (0..k).map(|j| (first + j) % k).find(|&j| self.members[at(j)].to.can_accept()).unwrap_or(first);
+        let chosen = match (0..k).map(|j| (first + j) % k).find(|&j| self.members[at(j)].to.can_accept()) {
+            Some(j) => j,
+            None if must_accept => return None,
+            None => first,
+        };
         if strategy == SharedStrategy::Sticky && chosen != first {
             self.cursor.store(chosen, Ordering::Relaxed);
         }

@@ -154,6 +154,20 @@ impl Trie {
         slot.entry_mut(group, session_id)
     }
 
+    /// The subscriptions to exactly `filter`, if any.
+    pub(super) fn slot(&self, filter: &str) -> Option<&Slot> {
+        let mut node = &self.root;
+        let mut levels = filter.split('/').peekable();
+        loop {
+            match levels.next() {
+                None => return Some(&node.here),
+                Some("#") if levels.peek().is_none() => return Some(&node.multi),
+                Some("+") => node = node.plus.as_deref()?,
+                Some(level) => node = node.children.get(level)?,
+            }
+        }
+    }
+
     /// Number of subscriptions.
     pub(super) fn len(&self) -> usize {
         self.len

@@ -96,6 +96,26 @@ impl Inflight {
         self.0.take().map(|w| w.entries).unwrap_or_default().into_iter()
     }
 
+    /// Takes out the entries `pred` picks (their packet ids become free), oldest first.
+    pub fn take_where(&mut self, mut pred: impl FnMut(&Entry) -> bool) -> Vec<Delivery> {
+        let Some(w) = self.0.as_deref_mut() else { return Vec::new() };
+        let mut taken = Vec::new();
+        let mut kept = VecDeque::with_capacity(w.entries.len());
+        for e in w.entries.drain(..) {
+            if !pred(&e) {
+                kept.push_back(e);
+                continue;
+            }
+            w.unsent -= u16::from(e.unsent);
+            if let Some(bits) = w.in_use.as_mut() {
+                set_bit(bits, e.packet_id, false);
+            }
+            taken.push(e.delivery);
+        }
+        w.entries = kept;
+        taken
+    }
+
     /// Store sequence number of the delivery with packet id `id` at `stage`.
     pub fn seq_of(&self, id: u16, stage: Stage) -> Option<u64> {
         let w = self.0.as_ref()?;
@@ -244,6 +264,7 @@ mod tests {
             sub_ids: Default::default(),
             seq: 0,
             stream: Default::default(),
+            group: None,
         }
     }
 
@@ -285,6 +306,21 @@ mod tests {
         assert_eq!(w.release(id), Some(None), "a repeated PUBREC is harmless");
         assert!(w.complete(id, Stage::Released).is_some());
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn taking_entries_out_frees_their_ids_and_keeps_the_resend_count() {
+        let mut w = Inflight::default();
+        let ids: Vec<u16> = (0..100).map(|_| w.push(delivery(), 0)).collect();
+        w.mark_all_unsent();
+        assert!(w.next_unsent(0).is_some());
+        let taken = w.take_where(|e| e.packet_id % 2 == 0);
+        assert_eq!(taken.len(), 50);
+        assert_eq!(w.len(), 50);
+        assert!(ids.iter().all(|id| w.in_use(*id) == (id % 2 == 1)), "taken ids are free again");
+        // The first entry (id 1, resent already) stays sent; the other 49 still wait.
+        assert_eq!(w.sent(), 1);
+        assert_eq!((0..60).filter_map(|_| w.next_unsent(0).map(|e| e.packet_id)).count(), 49);
     }
 
     #[test]

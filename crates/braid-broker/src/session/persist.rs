@@ -134,6 +134,15 @@ impl Persist {
         }
     }
 
+    /// Delivery `seq`, waiting in the store for the client, went to someone else: it is
+    /// finished here.
+    pub fn hand_off(&mut self, seq: u64) {
+        if let Some(i) = self.offline.as_ref().and_then(|disk| disk.position(|d| d.seq == seq)) {
+            self.offline.as_mut().map(|disk| disk.remove(i));
+        }
+        self.done(seq);
+    }
+
     /// Delivery `seq` moved to `stage`.
     pub fn stage(&mut self, seq: u64, stage: Stage) {
         if seq != 0 {

@@ -220,6 +220,14 @@ impl<T: Item> Queue<T> {
         Some(d)
     }
 
+    /// Takes out the deliveries `pred` picks, oldest first.
+    pub fn take_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let (taken, kept): (Vec<T>, Vec<T>) = self.items.drain(..).partition(|d| pred(d));
+        self.items = kept.into();
+        self.bytes = self.items.iter().map(size).sum();
+        taken
+    }
+
     /// Removes the oldest delivery.
     pub fn pop(&mut self) -> Option<T> {
         let d = self.items.pop_front()?;
@@ -264,7 +272,15 @@ mod tests {
 
     fn d(qos: QoS, payload: usize) -> Delivery {
         let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
-        Delivery { msg, qos, retain: false, sub_ids: Default::default(), seq: 0, stream: Default::default() }
+        Delivery {
+            msg,
+            qos,
+            retain: false,
+            sub_ids: Default::default(),
+            seq: 0,
+            stream: Default::default(),
+            group: None,
+        }
     }
 
     #[test]

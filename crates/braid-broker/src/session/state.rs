@@ -12,7 +12,7 @@ use braid_proto::{
 
 use super::adaptive::micros;
 use super::alias::{AliasUse, OutboundAliases};
-use super::inflight::{Inflight, Stage};
+use super::inflight::{Entry, Inflight, Stage};
 use super::persist::{Persist, Restore};
 use super::qos2::Qos2Ids;
 use super::queue::{Enqueued, Queue, QueueLimits};
@@ -115,6 +115,33 @@ impl Outbox for SingleBuffer<'_> {
     }
 }
 
+/// A session's shared subscriptions whose groups have other members, as (group, filter):
+/// what came through them may go to another member when the session's client goes away.
+#[derive(Debug, Default)]
+pub struct OtherMembers(pub Vec<(Box<str>, Box<str>)>);
+
+impl OtherMembers {
+    /// True if no shared subscription has another member.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The (group, filter) of the shared subscription `d` came through, if another member
+    /// can take it over.
+    pub fn of(&self, d: &Delivery) -> Option<(&str, &str)> {
+        let group = d.group.as_deref()?;
+        self.0
+            .iter()
+            .find(|(g, f)| **g == *group && braid_proto::topic::matches(f, &d.msg.topic))
+            .map(|(g, f)| (&**g, &**f))
+    }
+
+    /// True if another member can take `d` over.
+    pub fn covers(&self, d: &Delivery) -> bool {
+        self.of(d).is_some()
+    }
+}
+
 /// All state of one session.
 #[derive(Debug)]
 pub struct SessionState {
@@ -203,6 +230,23 @@ impl SessionState {
         } else {
             false
         }
+    }
+
+    /// Takes out the deliveries that came through the shared subscriptions `others` can take
+    /// over and that the client may not have: queued ones, and QoS 1 ones sent without a
+    /// PUBACK yet. A QoS 2 one sent stays: its client may have it, and is owed it exactly
+    /// once. A persistent session's store forgets those taken.
+    pub fn take_shared(&mut self, others: &OtherMembers) -> Vec<Delivery> {
+        if others.is_empty() {
+            return Vec::new();
+        }
+        let unacked = |e: &Entry| e.stage == Stage::Published && e.delivery.qos == QoS::AtLeastOnce;
+        let mut taken = self.inflight.take_where(|e| unacked(e) && others.covers(&e.delivery));
+        taken.extend(self.queue.take_where(|d| others.covers(d)));
+        for d in &taken {
+            done(&mut self.persist, d.seq);
+        }
+        taken
     }
 
     /// Offers a delivery to the session (and to the store, for a persistent session) at `now`.
@@ -594,6 +638,7 @@ mod tests {
             sub_ids: Default::default(),
             seq: 0,
             stream: Default::default(),
+            group: None,
         }
     }
 
@@ -779,6 +824,7 @@ mod tests {
                     sub_ids: Default::default(),
                     seq: 0,
                     stream: Default::default(),
+                    group: None,
                 },
                 Instant::now(),
             );

@@ -130,6 +130,10 @@ pub struct RecoveredSession {
     /// The messages from other nodes among its deliveries (a cluster's store keeps this): the
     /// same ones offered again are not queued twice.
     pub held_remote: Vec<RemoteId>,
+    /// Those of its deliveries that came through shared subscriptions, read back (a cluster's
+    /// store fills this in when a node takes over a gone node's sessions: they may go to
+    /// other members, see [`crate::broker::Broker::adopt`]).
+    pub shared: Vec<Stored>,
 }
 
 /// Everything found in the store at start.

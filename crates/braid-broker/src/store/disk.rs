@@ -430,6 +430,7 @@ impl Log {
                 queued,
                 incoming_qos2: s.qos2.keys().copied().collect(),
                 held_remote: Vec::new(),
+                shared: Vec::new(),
             });
         }
         for id in orphans {
@@ -789,6 +790,7 @@ mod tests {
             sub_ids: ids.iter().copied().collect(),
             seq: 0,
             stream: Default::default(),
+            group: None,
         }
     }
 

@@ -224,14 +224,22 @@ pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
     Ok(SessionRecord { id, client_id: c.client_id, expiry_secs, will: c.will, subscriptions, offline_since })
 }
 
+/// Set in an APPEND record's QoS byte when the delivery came through a shared group, whose
+/// name follows the RETAIN byte (records written before it was added read as they did).
+const SHARED: u8 = 0x80;
+
 /// Body of an APPEND record. The first Subscription Identifier (0: none) precedes the message,
 /// any further ones (a merged delivery's) follow it, where older records end.
 pub(super) fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + d.msg.topic.len() + d.msg.payload.len());
     out.extend_from_slice(&session.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
-    out.push(d.qos as u8);
+    out.push(d.qos as u8 | if d.group.is_some() { SHARED } else { 0 });
     out.push(u8::from(d.retain));
+    if let Some(group) = &d.group {
+        out.extend_from_slice(&(group.len() as u32).to_le_bytes());
+        out.extend_from_slice(group.as_bytes());
+    }
     let ids = d.sub_ids.as_slice();
     out.extend_from_slice(&ids.first().copied().unwrap_or(0).to_le_bytes());
     out.extend_from_slice(&unix_ms(d.msg.expires_at).to_le_bytes());
@@ -252,13 +260,18 @@ pub(super) fn session_seq(body: &[u8]) -> Result<(u64, u64), String> {
 pub(super) fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
     let mut r = Reader(body);
     let (_session, seq) = (r.u64()?, r.u64()?);
-    let qos = QoS::from_u8(r.u8()?).ok_or("bad QoS in record")?;
+    let flags = r.u8()?;
+    let qos = QoS::from_u8(flags & !SHARED).ok_or("bad QoS in record")?;
     let retain = r.u8()? != 0;
+    let group = match flags & SHARED {
+        0 => None,
+        _ => Some(std::str::from_utf8(r.blob()?).map_err(|_| "bad group name in record")?.into()),
+    };
     let first = r.u32()?;
     let expires = r.u64()?;
     let msg = message_from(r.blob()?, expires)?;
     let sub_ids = std::iter::once(first).chain(std::iter::from_fn(|| r.u32().ok())).collect();
-    Ok((seq, Delivery { msg, qos, retain, sub_ids, seq, stream: Default::default() }))
+    Ok((seq, Delivery { msg, qos, retain, sub_ids, seq, stream: Default::default(), group }))
 }
 
 /// Body of a STAGE record.
@@ -316,4 +329,34 @@ pub(super) fn read_retain(body: &[u8]) -> Result<Arc<Message>, String> {
     let mut r = Reader(body);
     let expires = r.u64()?;
     message_from(r.blob()?, expires)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_proto::{ByteString, Bytes};
+
+    #[test]
+    fn an_append_keeps_the_shared_group_it_came_through() {
+        let msg = Message::internal(ByteString::from_static("a/b"), Bytes::from_static(b"x"), false);
+        let mut d = Delivery {
+            msg,
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            sub_ids: [3, 5].into_iter().collect(),
+            seq: 0,
+            stream: Default::default(),
+            group: Some("g1".into()),
+        };
+        let (seq, back) = read_append(&append(1, 9, &d)).unwrap();
+        assert_eq!(
+            (seq, back.qos, back.retain, back.group.as_deref()),
+            (9, QoS::AtLeastOnce, true, Some("g1"))
+        );
+        assert_eq!(back.sub_ids.as_slice(), &[3, 5]);
+        d.group = None;
+        let (_, back) = read_append(&append(1, 9, &d)).unwrap();
+        assert_eq!((back.qos, back.group), (QoS::AtLeastOnce, None));
+        assert_eq!(back.sub_ids.as_slice(), &[3, 5]);
+    }
 }
