@@ -1,13 +1,16 @@
 """Cluster faults (crates/braid-cluster): what clients of a Braid cluster on Redis see when a node
 is killed (SIGKILL) or stopped (SIGTERM) mid-stream, when Redis restarts, when a node is cut off
 from Redis for longer than its lease (DISCONNECT / CONNACK 0x9C Use another server, unless
-cluster.on_partition = "serve"), and when Redis wants a password the node does not have.
+cluster.on_partition = "serve"), when a node stuck (SIGSTOP) past its lease rejoins, and when
+Redis wants a password the node does not have.
 
 The rule checked throughout: every message whose publisher got a PUBACK (QoS 1) or PUBCOMP (QoS 2)
 reaches its persistent subscriber, QoS 1 at least once and QoS 2 exactly once, whichever node
 it is served by. Nodes run on one Redis (conftest's braid_cluster, lease 3 s).
 """
+import os
 import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -16,9 +19,11 @@ import time
 import pytest
 
 from conftest import BRAID_BIN, free_port
-from helpers import MQTTv311, MQTTv5, connect_client, unique, wait_until
+from helpers import (MQTTv311, MQTTv5, PacketTypes, connect_client, unique, v5_properties,
+                     wait_until)
 from redisproc import RedisServer
 from clusterutil import PROBE, in_threads as _in_threads, wait_routed as _wait_routed
+from test_core_shared import WINDOW, check_handed_over, hold, payloads, publish_n, settle
 from v5util import connect_props, rc
 
 pytestmark = pytest.mark.braid_only
@@ -407,7 +412,157 @@ def test_sigterm_node_sends_clients_elsewhere_and_sessions_follow(braid_cluster,
 
 
 # --------------------------------------------------------------------------------------------------
-# 5. Security: Redis credentials and the cluster.redis URL
+# 5. A shared-group member gone with messages unacknowledged: another member, on another node, gets them
+# --------------------------------------------------------------------------------------------------
+# Member A on n2 holds its acknowledgements (manual ack, Receive Maximum WINDOW); member B on n3
+# acknowledges; the publisher is on n1. Of A's share, WINDOW are in flight to it unacknowledged
+# (after it acknowledged one) and the rest wait in its queue. When A's connection ends, or n2
+# dies and its sessions are taken over, what A had not acknowledged goes to B (see
+# test_core_shared.py for the same on one node).
+
+def _shared_pair(braid_cluster, connect, a_id=None, persistent=True):
+    """n1..n3; A (``a_id``, Session Expiry 300 s if ``persistent``, manual ack) on n2 and B on n3
+    in $share/g/<topic>, both routed from the publisher on n1; 10 QoS 1 messages published and A
+    holding WINDOW of its share. Returns (nodes, topic, sent, a, acked, b, b_before)."""
+    nodes = braid_cluster(3)
+    n1, n2, n3 = nodes
+    topic = unique("cf/share")
+    a = connect(n2, client_id=a_id, protocol=MQTTv5, manual_ack=True, properties=connect_props(
+        SessionExpiryInterval=300 if persistent else 0, ReceiveMaximum=WINDOW))
+    b = connect(n3, protocol=MQTTv5)
+    pub = connect(n1, protocol=MQTTv5)
+    for m in (a, b):
+        assert m.subscribe(f"$share/g/{topic}", 1) == [1]
+        sync = unique("cf/sync")
+        m.subscribe(sync, 0)           # after the shared one: routed from n1 once the probe arrives
+        _wait_routed(pub, m, sync)
+    sent = publish_n(pub, topic, 10)
+    acked = hold(a, topic)
+    settle(a, b)
+    return nodes, topic, sent, a, acked, b, len(payloads(b, topic))
+
+
+def test_shared_member_node_killed_its_unacked_messages_go_to_a_member_on_another_node(braid_cluster, connect):
+    cid = unique("held")
+    nodes, topic, sent, a, acked, b, b_before = _shared_pair(braid_cluster, connect, cid)
+    n1, n2, n3 = nodes
+    time.sleep(0.3)                    # n2 has written A's acknowledgement to Redis
+    n2.kill()
+    killed_at = time.monotonic()
+    a.wait_disconnected(5)
+    report = check_handed_over(topic, sent, a, acked, b, b_before, timeout=LEASE_S + 5)
+    print(f"B complete {time.monotonic() - killed_at:.2f} s after the SIGKILL of n2")
+
+    back = _persistent(connect, n1, cid, timeout=10)
+    assert back.connack.session_present is True, f"{back.connack}\n" + _cluster_log(n1, n3)
+    again = [(m.payload, m.dup) for m in back.collect(0.7) if m.topic == topic]
+    assert not again, f"A got again, back on n1, what B had received: {again}. " + report
+
+
+@pytest.mark.parametrize("session", ["clean", "persistent"])
+def test_shared_member_connection_dropped_its_unacked_messages_go_to_a_member_on_another_node(
+        braid_cluster, connect, session):
+    cid = unique("held")
+    nodes, topic, sent, a, acked, b, b_before = _shared_pair(
+        braid_cluster, connect, cid, persistent=session == "persistent")
+    a.kill()                           # its socket dies; n2 stays up
+    report = check_handed_over(topic, sent, a, acked, b, b_before, timeout=4)
+    if session == "persistent":
+        back = _persistent(connect, nodes[1], cid)
+        assert back.connack.session_present is True, back.connack
+        again = [(m.payload, m.dup) for m in back.collect(0.7) if m.topic == topic]
+        assert not again, f"A got again, back on n2, what B had received: {again}. " + report
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. A node stuck past its lease rejoins: it lets go of its sessions and takes them back
+# --------------------------------------------------------------------------------------------------
+# One node (so no other takes its sessions over while it is stuck). SIGSTOP for longer than the
+# lease, then SIGCONT: the node finds its lease lapsed, closes its connections, lets go of its
+# sessions and joins again, adopting the sessions Redis still says are its own. W's delayed will
+# must survive that: it goes to the persistent subscriber S once the delay is over, once; S back
+# at once (the will comes live) or only after the delay (the will was queued for it offline).
+
+STUCK_S = LEASE_S + 2.0
+STUCK_WILL_DELAY_S = 2
+
+
+@pytest.mark.parametrize("s_back", ["at-once", "after-will-delay"])
+def test_node_stuck_past_its_lease_rejoins_and_sends_a_delayed_will_once(braid_cluster, connect, s_back):
+    [n1] = braid_cluster(1)
+    topic = unique("cf/stuck/will")
+    w_id, s_id = unique("stuck-w"), unique("stuck-s")
+    payload = f"{w_id} gone".encode()
+    s = _persistent(connect, n1, s_id, fresh=True)
+    assert s.subscribe(topic, 1) == [1]
+    will = {"topic": topic, "payload": payload, "qos": 1, "retain": False,
+            "properties": v5_properties(PacketTypes.WILLMESSAGE, WillDelayInterval=STUCK_WILL_DELAY_S)}
+    w = connect(n1, client_id=w_id, protocol=MQTTv5, clean_start=True, will=will,
+                properties=connect_props(SessionExpiryInterval=300))
+    # Both sessions are in Redis before the node is stuck.
+    time.sleep(0.5)
+
+    os.kill(n1.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(STUCK_S)
+    finally:
+        os.kill(n1.proc.pid, signal.SIGCONT)
+    cont_at = time.monotonic()
+
+    # Rejoining, the node closes both connections (it lets go of their sessions).
+    for c, name in ((w, "W"), (s, "S")):
+        if not c.disconnected.wait(5):
+            raise AssertionError(
+                f"{name}'s connection not closed within 5 s of SIGCONT after {STUCK_S:.0f} s stopped "
+                f"(lease {LEASE_S:.0f} s): did the node rejoin?\n" + _cluster_log(n1, last=20))
+    closed = {name: c.disconnect_reason for c, name in ((w, "W"), (s, "S"))}
+    # W stays away: it never reconnects, so its will is due once its delay is over.
+
+    # S comes back (CONNACK 0x9C while the node is still joining: tried again) and resumes.
+    if s_back == "after-will-delay":
+        time.sleep(max(0.0, cont_at + STUCK_WILL_DELAY_S + 1.0 - time.monotonic()))
+
+    def resumed():
+        try:
+            c = connect_client(n1, client_id=s_id, protocol=MQTTv5, clean_start=False,
+                               properties=connect_props(SessionExpiryInterval=300), expect_success=False)
+        except AssertionError:
+            return None
+        if c.connack.reason_code == 0:
+            return c
+        c.close()
+        return None
+
+    back = wait_until(resumed, timeout=10, interval=0.2, message="S connected again after the rejoin")
+    try:
+        back_at = time.monotonic()
+        session_present = back.connack.session_present
+        try:
+            wait_until(lambda: any(m.payload == payload for m in back.received), timeout=6,
+                       message="W's will")
+        except AssertionError:
+            pass
+        got_at = next((m.received_at for m in back.received if m.payload == payload), None)
+        time.sleep(2.0)                # a second copy would be here by now
+        copies = [m for m in back.received if m.payload == payload]
+        others = [(m.topic, m.payload) for m in back.received if m.payload != payload]
+        report = (f"node stopped {STUCK_S:.0f} s (lease {LEASE_S:.0f} s); connections closed with "
+                  f"{closed}; S back {back_at - cont_at:.2f} s after SIGCONT, session present "
+                  f"{session_present}; W's will (delay {STUCK_WILL_DELAY_S} s) received "
+                  f"{len(copies)} time(s)"
+                  + (f", first {got_at - cont_at:.2f} s after SIGCONT" if got_at else "")
+                  + f" {[(m.qos, m.dup) for m in copies]}; other messages: {others}")
+        print(report)
+        report += "\n" + _cluster_log(n1, last=20)
+        assert session_present, "S's session was not taken back by the rejoined node: " + report
+        assert copies, "W's delayed will was lost in the rejoin: " + report
+        assert len(copies) == 1, "W's will was delivered more than once: " + report
+    finally:
+        back.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. Security: Redis credentials and the cluster.redis URL
 # --------------------------------------------------------------------------------------------------
 
 def _start_failing_node(url, secrets=()):

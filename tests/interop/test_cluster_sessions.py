@@ -4,7 +4,9 @@ its subscriptions and every message queued meanwhile; QoS 1 deliveries it had no
 come again with DUP; a second connection with the same client id on another node takes the
 session over (the first gets DISCONNECT 0x8E) without losing messages; two CONNECTs of one client
 id on two nodes at the same moment never leave two live connections; clean start on another node
-discards the session.
+discards the session; a delayed will (MQTT 5 Will Delay Interval) of a connection taken over from
+another node is sent at once, once, when the new connection starts clean (the session ends), and
+not at all when it resumes the session.
 
 Every test runs three nodes (n1, n2, n3) on one Redis (conftest's braid_cluster, lease 3 s) and
 checks what independent clients (paho-mqtt, raw v5 sockets) see.
@@ -14,9 +16,10 @@ import time
 
 import pytest
 
-from helpers import (CONNACK, DISCONNECT, PINGRESP, PUBLISH, PUBREL, MQTTv311, MQTTv5,
+from helpers import (CONNACK, DISCONNECT, PINGRESP, PUBLISH, PUBREL, MQTTv311, MQTTv5, PacketTypes,
                      connack_return_code, connack_session_present, decode_publish, pingreq_packet,
-                     proto_id, puback_packet, pubcomp_packet, pubrec_packet, unique, wait_until)
+                     proto_id, puback_packet, pubcomp_packet, pubrec_packet, unique, v5_properties,
+                     wait_until)
 from clusterutil import PROBE, wait_routed as _wait_routed
 from raw_v5 import PUBACK, SESSION_EXPIRY_INTERVAL, Raw5, ack
 from raw_v5 import connect as connect5
@@ -382,3 +385,83 @@ def test_clean_start_on_another_node_discards_the_session(braid_cluster, connect
     again = _persistent(connect, n1, cid, protocol)
     assert again.connack.session_present is False
     again.expect_no_message(1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. A delayed will, taken over from another node: sent now if the session ends, else never
+# --------------------------------------------------------------------------------------------------
+# W (v5, Session Expiry 300 s, a will with Will Delay Interval WILL_DELAY_S) is connected to n1; a
+# new connection with W's client id comes to n2. With Clean Start = 1 the old session ends, and
+# the will goes out with it, before the delay (MQTT 5.0 3.1.3.2.2: "until the Will Delay Interval
+# has passed or the Session ends, whichever happens first"). With Clean Start = 0 it is a new
+# connection to the session within the delay: the will is not sent (3.1.2.5). A watcher on n3,
+# routed from n1 and n2 (whichever sends it), counts the copies for longer than the delay.
+
+WILL_DELAY_S = 5
+
+
+def _will_taken_over(braid_cluster, connect, clean_start):
+    """n1..n3, W with its delayed will on n1, the watcher on n3, then W's client id connecting
+    to n2 with ``clean_start``. Returns (nodes, watcher, topic, payload, w, new, connack_at)."""
+    nodes = braid_cluster(3)
+    n1, n2, n3 = nodes
+    topic = unique("cs/will")
+    cid = unique("willed")
+    payload = f"{cid} gone".encode()
+    watcher = connect(n3, protocol=MQTTv5)
+    assert watcher.subscribe(topic, 1) == [1]
+    for node in (n1, n2):
+        _wait_routed(connect(node, protocol=MQTTv5), watcher, topic)
+    will = {"topic": topic, "payload": payload, "qos": 1, "retain": False,
+            "properties": v5_properties(PacketTypes.WILLMESSAGE, WillDelayInterval=WILL_DELAY_S)}
+    w = connect(n1, client_id=cid, protocol=MQTTv5, clean_start=True, will=will,
+                properties=connect_props(SessionExpiryInterval=300))
+    time.sleep(0.3)                    # W's session (and its will) written to Redis by n1
+    new = connect(n2, client_id=cid, protocol=MQTTv5, clean_start=clean_start,
+                  properties=connect_props(SessionExpiryInterval=300))
+    connack_at = time.monotonic()
+    w.wait_disconnected(5)
+    return nodes, watcher, topic, payload, w, new, connack_at
+
+
+def test_clean_start_takeover_on_another_node_sends_delayed_will_now_once(braid_cluster, connect):
+    nodes, watcher, topic, payload, w, new, connack_at = _will_taken_over(
+        braid_cluster, connect, clean_start=True)
+    cid = w.client_id
+    assert new.connack.session_present is False, f"clean start on n2, yet session present: {new.connack}"
+    try:
+        first = watcher.get_message(timeout=3.0)
+    except AssertionError:
+        raise AssertionError(
+            f"W's will (Will Delay {WILL_DELAY_S} s) not published within 3 s of the clean-start "
+            f"connection on n2, which ended W's session (W's connection on n1 ended with "
+            f"{w.disconnect_reason!r})\n" + _log_about(nodes, cid)) from None
+    after = first.received_at - connack_at
+    assert (first.topic, first.payload, first.qos) == (topic, payload, 1), \
+        f"got {(first.topic, first.payload, first.qos)}, expected W's will {(topic, payload, 1)}"
+    # Watch past the delay: the will must not come again (from n1's timer, or n2's copy of the
+    # session record).
+    more = [m for m in watcher.collect(WILL_DELAY_S + 2) if m.payload != PROBE]
+    report = (f"will received {after:.2f} s after the CONNACK on n2 (delay {WILL_DELAY_S} s), then "
+              f"{len(more)} more message(s) in the next {WILL_DELAY_S + 2} s: "
+              f"{[(m.payload, m.dup, round(m.received_at - connack_at, 2)) for m in more]}; "
+              f"W's connection ended with {w.disconnect_reason!r}")
+    print(report)
+    assert after < WILL_DELAY_S - 2, "will not sent at once when the session ended: " + report
+    assert not more, "the will was published more than once: " + report + "\n" + _log_about(nodes, cid)
+
+
+def test_resume_on_another_node_within_will_delay_cancels_the_will(braid_cluster, connect):
+    nodes, watcher, topic, payload, w, new, connack_at = _will_taken_over(
+        braid_cluster, connect, clean_start=False)
+    cid = w.client_id
+    assert new.connack.session_present is True, \
+        f"W's session not resumed on n2: {new.connack}\n" + _log_about(nodes, cid)
+    got = [m for m in watcher.collect(WILL_DELAY_S + 2) if m.payload != PROBE]
+    assert not got, (
+        f"W's will published although its session was resumed on n2 within the Will Delay "
+        f"({WILL_DELAY_S} s): {[(m.payload, round(m.received_at - connack_at, 2)) for m in got]} "
+        f"(s after the CONNACK on n2)\n" + _log_about(nodes, cid))
+    # Not a deaf watcher: it still gets what is published to the will topic from n1.
+    connect(nodes[0], protocol=MQTTv5).publish(topic, b"still listening", qos=1)
+    assert watcher.get_message(timeout=3).payload == b"still listening"
