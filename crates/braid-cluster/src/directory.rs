@@ -121,12 +121,18 @@ async fn claim(
         + Duration::from_millis(3 * shared.config.lease_ms + shared.config.takeover_timeout_ms);
     // From the request to another node to the adoption, what that node relays here waits.
     let mut claiming = None;
+    // The holder that answered this node's request, if one did.
+    let mut released = None;
     loop {
         let owner: Option<String> =
             redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
         let Some(owner) = owner.filter(|o| *o != shared.me) else { break };
         claiming = Some(Claiming::new(shared));
-        if request_release(shared, &mut conn, client_id, &owner, clean).await || Instant::now() > deadline {
+        if request_release(shared, &mut conn, client_id, &owner, clean).await {
+            released = Some(owner);
+            break;
+        }
+        if Instant::now() > deadline {
             break;
         }
         // Not while waiting for a gone node's lease to lapse.
@@ -153,9 +159,11 @@ async fn claim(
     let prev =
         reply.get(1).and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
     if !prev.is_empty() && prev != shared.me {
-        // Claimed by yet another node in the meantime: its writes are fenced from now on;
-        // it is asked to close its connection all the same.
-        request_release(shared, &mut conn, client_id, &prev, clean).await;
+        if released.as_deref() != Some(&*prev) {
+            // Claimed by yet another node in the meantime: its writes are fenced from now
+            // on; it is asked to close its connection all the same.
+            request_release(shared, &mut conn, client_id, &prev, clean).await;
+        }
         let _: redis::RedisResult<()> =
             redis::cmd("SREM").arg(shared.keys.owned(&prev)).arg(client_id).query_async(&mut conn).await;
     }
