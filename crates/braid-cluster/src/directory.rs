@@ -121,18 +121,12 @@ async fn claim(
         + Duration::from_millis(3 * shared.config.lease_ms + shared.config.takeover_timeout_ms);
     // From the request to another node to the adoption, what that node relays here waits.
     let mut claiming = None;
-    // The holder that answered this node's request, if one did.
-    let mut released = None;
     loop {
         let owner: Option<String> =
             redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
         let Some(owner) = owner.filter(|o| *o != shared.me) else { break };
         claiming = Some(Claiming::new(shared));
-        if request_release(shared, &mut conn, client_id, &owner, clean).await {
-            released = Some(owner);
-            break;
-        }
-        if Instant::now() > deadline {
+        if request_release(shared, &mut conn, client_id, &owner, clean).await || Instant::now() > deadline {
             break;
         }
         // Not while waiting for a gone node's lease to lapse.
@@ -159,11 +153,10 @@ async fn claim(
     let prev =
         reply.get(1).and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
     if !prev.is_empty() && prev != shared.me {
-        if released.as_deref() != Some(&*prev) {
-            // Claimed by yet another node in the meantime: its writes are fenced from now
-            // on; it is asked to close its connection all the same.
-            request_release(shared, &mut conn, client_id, &prev, clean).await;
-        }
+        // Claimed by yet another node in the meantime, or the node asked above attached a
+        // connection of its own claim after it answered: its writes are fenced from now on;
+        // it is asked (again) to close its connection all the same.
+        request_release(shared, &mut conn, client_id, &prev, clean).await;
         let _: redis::RedisResult<()> =
             redis::cmd("SREM").arg(shared.keys.owned(&prev)).arg(client_id).query_async(&mut conn).await;
     }
@@ -199,7 +192,8 @@ impl Drop for Claiming<'_> {
 
 /// Asks `owner`, if alive, to close `client_id`'s connection and write out its session (for a
 /// client that starts `clean`: the session ends), and waits for its answer (at most
-/// `cluster.takeover_timeout_ms`): true if it answered.
+/// `cluster.takeover_timeout_ms`, less if `owner`'s lease lapses meanwhile): true if it
+/// answered.
 async fn request_release(
     shared: &Shared,
     conn: &mut Conn,
@@ -218,14 +212,32 @@ async fn request_release(
         shared.handovers.lock().remove(client_id);
         return false;
     }
-    let timeout = Duration::from_millis(shared.config.takeover_timeout_ms);
-    if tokio::time::timeout(timeout, rx).await.is_err() {
-        shared.handovers.lock().remove(client_id);
-        warn!(%client_id, %owner, "cluster: the node holding the session does not answer; waiting for its lease to lapse");
-        return false;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(shared.config.takeover_timeout_ms);
+    tokio::pin!(rx);
+    loop {
+        // Its lease is looked at now and then: once it has lapsed, no answer will come.
+        let wait = deadline.min(tokio::time::Instant::now() + LEASE_CHECK);
+        if tokio::time::timeout_at(wait, &mut rx).await.is_ok() {
+            return true;
+        }
+        let gone = !membership::alive(shared, conn, owner).await;
+        if gone || tokio::time::Instant::now() >= deadline {
+            shared.handovers.lock().remove(client_id);
+            match gone {
+                true => {
+                    warn!(%client_id, %owner, "cluster: the node holding the session is gone; taking it over")
+                }
+                false => {
+                    warn!(%client_id, %owner, "cluster: the node holding the session does not answer; waiting for its lease to lapse")
+                }
+            }
+            return false;
+        }
     }
-    true
 }
+
+/// How often a claim waiting for the holder's answer looks whether the holder's lease lapsed.
+const LEASE_CHECK: Duration = Duration::from_millis(250);
 
 /// After a connection attached here: if another node has claimed the client id since this
 /// node did (two CONNECTs at once), this one goes (0x8E), even if its session writes nothing.

@@ -16,19 +16,18 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use braid_broker::broker::{Arrival, Broker, Holder};
-use braid_broker::message::{Message, RemoteId};
-use braid_broker::router::Scope;
+use braid_broker::message::RemoteId;
 use braid_proto::ByteString;
 use parking_lot::Mutex;
 
 use crate::streams::stream_entries;
-use crate::wire::{self, Entry};
+use crate::wire::{self, Entry, Incoming};
 use crate::{log_failure, ClusterError, Shared};
 
 /// The consumer group every inbox is read through.
 pub(crate) const GROUP: &str = "braid";
 
-/// A read that brought fewer messages than this is followed by a pause of [`LINGER`].
+/// A read that brought some messages, fewer than this, is followed by a pause of [`LINGER`].
 const LINGER_BELOW: usize = 16;
 
 /// How long the reader lets entries gather after a small read.
@@ -99,18 +98,20 @@ pub(crate) async fn run(
     Ok(tokio::spawn(read(shared, broker, reader, inbox, on_release)))
 }
 
-/// Entries read and not acknowledged yet: the messages wait here while a takeover is under
-/// way on this node (they may be for the session it takes in).
+/// Entries read and not acknowledged yet, and their messages not routed yet: relayed ones
+/// wait here while a claim is under way on this node (they may be for the session it takes
+/// in), every one while sessions here are over their queue's limits.
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
     /// The entries' ids.
     pub ids: Vec<String>,
-    messages: Vec<(Arc<Message>, Scope)>,
+    messages: Vec<Incoming>,
 }
 
 /// Reads the inbox until the broker shuts down: first what was read before but never
 /// acknowledged (pending), then new entries. Handover requests and answers are acted on as
-/// they come; messages are routed when no claim is under way here.
+/// they come; messages are routed as they come too, except relayed ones while a claim is
+/// under way here; an entry is acknowledged once all its messages are routed.
 async fn read(
     shared: Arc<Shared>,
     broker: Arc<Broker>,
@@ -130,10 +131,13 @@ async fn read(
     let mut trickle = false;
     loop {
         still_held(&mut held, held_since, slow_consumer, Instant::now());
-        if !backlog.ids.is_empty() && *claiming.borrow() == 0 && held.is_empty() {
-            held = route(&shared, &broker, &mut backlog, Source::Own).await;
+        if !backlog.ids.is_empty() && held.is_empty() {
+            let hold_relayed = *claiming.borrow() > 0;
+            held = route(&shared, &broker, &mut backlog, Source::Own, hold_relayed).await;
             held_since = Instant::now();
-            routed.append(&mut backlog.ids);
+            if backlog.messages.is_empty() {
+                routed.append(&mut backlog.ids);
+            }
         }
         if trickle && backlog.ids.is_empty() {
             // What was read is routed; before reading again, let a few more entries gather, so
@@ -176,7 +180,8 @@ async fn read(
         }
         let before = backlog.messages.len();
         take_in(&shared, entries, Some(&on_release), &mut backlog);
-        trickle = backlog.messages.len() - before < LINGER_BELOW;
+        // Not after a read of handover requests or answers only: a claim waits on those.
+        trickle = (1..LINGER_BELOW).contains(&(backlog.messages.len() - before));
     }
 }
 
@@ -227,14 +232,16 @@ pub(crate) enum Source<'a> {
     Gone(&'a Taken),
 }
 
-/// Routes the messages of `backlog` (of `source`), those received before excepted, and waits
-/// until what they queued is durable: its entries may then be acknowledged (`backlog.ids`).
-/// Returns the sessions that hold the inbox back (see [`still_held`]).
+/// Routes the messages of `backlog` (of `source`), those received before excepted and
+/// relayed ones left in it if `hold_relayed`, and waits until what they queued is durable:
+/// once none is left, its entries may be acknowledged (`backlog.ids`). Returns the sessions
+/// that hold the inbox back (see [`still_held`]).
 pub(crate) async fn route(
     shared: &Shared,
     broker: &Broker,
     backlog: &mut Backlog,
     source: Source<'_>,
+    hold_relayed: bool,
 ) -> Vec<Holder> {
     let seen = match source {
         Source::Own => &shared.seen,
@@ -242,7 +249,10 @@ pub(crate) async fn route(
     };
     let mut ticket = 0;
     let mut held = Vec::new();
-    for (msg, scope) in backlog.messages.drain(..) {
+    let (waiting, now): (Vec<Incoming>, Vec<Incoming>) =
+        backlog.messages.drain(..).partition(|m| hold_relayed && m.relayed);
+    backlog.messages = waiting;
+    for Incoming { msg, scope, .. } in now {
         if msg.remote_id.as_ref().is_some_and(|id| !seen.lock().first(id)) {
             debug!("cluster: a message received twice is dropped");
             continue;

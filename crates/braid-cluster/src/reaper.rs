@@ -215,7 +215,7 @@ async fn drain(
         let mut backlog = inbox::Backlog::default();
         inbox::take_in(shared, entries, None, &mut backlog);
         // A gone node's inbox is drained at once, whoever it holds.
-        let _ = inbox::route(shared, broker, &mut backlog, Source::Gone(taken)).await;
+        let _ = inbox::route(shared, broker, &mut backlog, Source::Gone(taken), false).await;
         inbox::acknowledge(shared, inbox, &backlog.ids).await;
         match next {
             Some(n) if n != "0-0" => start = n,
@@ -232,7 +232,7 @@ async fn drain(
         let mut backlog = inbox::Backlog::default();
         inbox::take_in(shared, entries, None, &mut backlog);
         // A gone node's inbox is drained at once, whoever it holds.
-        let _ = inbox::route(shared, broker, &mut backlog, Source::Gone(taken)).await;
+        let _ = inbox::route(shared, broker, &mut backlog, Source::Gone(taken), false).await;
         inbox::acknowledge(shared, inbox, &backlog.ids).await;
     }
     Ok(total)

@@ -50,7 +50,7 @@ impl RemoteSink for NodeSink {
         if fwd.msg.origin == 0 && fwd.msg.topic.starts_with("$SYS/") {
             return (Enqueued::Queued, 0);
         }
-        (Enqueued::Queued, self.shared.store.forward(&self.node, &self.shared.incarnation, &fwd))
+        (Enqueued::Queued, self.shared.store.forward(&self.node, &self.shared.incarnation, &fwd, self.relay))
     }
 }
 

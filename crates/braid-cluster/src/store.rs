@@ -173,9 +173,9 @@ impl RedisStore {
         let _ = self.durable.clone().wait_for(|t| *t >= ticket).await;
     }
 
-    /// Queues `fwd` for `node`'s inbox; returns its ticket.
-    pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward) -> Ticket {
-        let (inbox, record) = (self.keys.inbox(node), wire::record(incarnation, fwd));
+    /// Queues `fwd` for `node`'s inbox (`relayed`: passed on by a relay); returns its ticket.
+    pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward, relayed: bool) -> Ticket {
+        let (inbox, record) = (self.keys.inbox(node), wire::record(incarnation, fwd, relayed));
         self.queue(|ticket| Job::Forward { ticket, inbox, record })
     }
 

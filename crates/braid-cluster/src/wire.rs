@@ -17,14 +17,24 @@ use crate::redis::bytes;
 /// One inbox entry, read.
 #[derive(Debug)]
 pub(crate) enum Entry {
-    /// Messages to route to this node's sessions, in the order they were sent: each with
-    /// its publisher's client id and remote id set, and which subscriptions it is for.
-    Messages(Vec<(Arc<Message>, Scope)>),
+    /// Messages to route to this node's sessions, in the order they were sent.
+    Messages(Vec<Incoming>),
     /// Another node claims `client_id` (for a client that starts `clean`): close its
     /// connection here and hand its session over.
     Release { client_id: ByteString, from: String, clean: bool },
     /// The node asked has handed `client_id`'s session over.
     Released { client_id: ByteString },
+}
+
+/// A message read from an inbox.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    /// The message, its publisher's client id and remote id set.
+    pub msg: Arc<Message>,
+    /// Which subscriptions it is for.
+    pub scope: Scope,
+    /// Passed on by the node a session moved from (see [`crate::routes::relay_sink`]).
+    pub relayed: bool,
 }
 
 /// Messages for one inbox, packed into one entry: each is a length-prefixed record of its
@@ -52,8 +62,9 @@ impl Pack {
 }
 
 /// `fwd` as a record of a [`Pack`], sent by `incarnation` (`node@start_ms`: with the
-/// message's number there, what a receiver recognises a message it got twice by).
-pub(crate) fn record(incarnation: &str, fwd: &Forward) -> Vec<u8> {
+/// message's number there, what a receiver recognises a message it got twice by), `relayed`
+/// or not.
+pub(crate) fn record(incarnation: &str, fwd: &Forward, relayed: bool) -> Vec<u8> {
     // A message passed on again keeps the identity it came with.
     let (sender, n) = match &fwd.msg.remote_id {
         Some(id) => (&*id.sender, id.number),
@@ -61,7 +72,7 @@ pub(crate) fn record(incarnation: &str, fwd: &Forward) -> Vec<u8> {
     };
     let message = codec::message(&fwd.msg);
     let mut record = Vec::with_capacity(message.len() + fwd.msg.origin_client.len() + sender.len() + 32);
-    record.push(u8::from(fwd.scope.plain));
+    record.push(if fwd.scope.plain { PLAIN } else { 0 } | if relayed { RELAYED } else { 0 });
     record.extend_from_slice(&(fwd.scope.groups.len() as u32).to_le_bytes());
     for g in &fwd.scope.groups {
         put(&mut record, g.as_bytes());
@@ -113,12 +124,17 @@ pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
     }
 }
 
+/// In a record's first byte: a plain subscription matched.
+const PLAIN: u8 = 1;
+/// In a record's first byte: passed on by a relay.
+const RELAYED: u8 = 2;
+
 /// The messages of a [`Pack`].
-fn unpack(mut packed: &[u8]) -> Result<Vec<(Arc<Message>, Scope)>, String> {
+fn unpack(mut packed: &[u8]) -> Result<Vec<Incoming>, String> {
     let mut out = Vec::new();
     while !packed.is_empty() {
         let mut record = take(&mut packed)?;
-        let plain = take_n::<1>(&mut record)?[0] == 1;
+        let flags = take_n::<1>(&mut record)?[0];
         let groups = u32::from_le_bytes(take_n(&mut record)?);
         let groups = (0..groups)
             .map(|_| Ok(String::from_utf8_lossy(take(&mut record)?).into()))
@@ -131,7 +147,8 @@ fn unpack(mut packed: &[u8]) -> Result<Vec<(Arc<Message>, Scope)>, String> {
             m.origin_client = ByteString::from(client);
             m.remote_id = Some(RemoteId { sender: sender.into(), number });
         }
-        out.push((msg, Scope { plain, groups }));
+        let scope = Scope { plain: flags & PLAIN != 0, groups };
+        out.push(Incoming { msg, scope, relayed: flags & RELAYED != 0 });
     }
     Ok(out)
 }
@@ -189,7 +206,7 @@ mod tests {
         for (i, plain) in [(1u64, true), (2, false)] {
             let msg = message(vec![i as u8; 3]);
             let scope = Scope { plain, groups: if plain { vec![] } else { vec!["g1".into(), "g2".into()] } };
-            pack.push(&record("n1@5", &Forward { msg: Arc::new(msg), scope, id: i }));
+            pack.push(&record("n1@5", &Forward { msg: Arc::new(msg), scope, id: i }, i == 2));
         }
         let mut fields = vec![];
         for arg in pack.into_cmd("inbox").args_iter().skip(3) {
@@ -199,11 +216,12 @@ mod tests {
         }
         let Entry::Messages(got) = read(&fields).unwrap() else { panic!("not messages") };
         assert_eq!(got.len(), 2);
-        assert_eq!(&got[0].0.payload[..], &[1, 1, 1]);
-        assert!(got[0].1.plain && got[0].1.groups.is_empty());
-        assert_eq!(got[1].1.groups, vec![Box::from("g1"), Box::from("g2")]);
-        let id = got[1].0.remote_id.clone().unwrap();
-        assert_eq!((&*id.sender, id.number, &*got[1].0.origin_client), ("n1@5", 2, "pub"));
+        assert_eq!(&got[0].msg.payload[..], &[1, 1, 1]);
+        assert!(got[0].scope.plain && got[0].scope.groups.is_empty() && !got[0].relayed);
+        assert_eq!(got[1].scope.groups, vec![Box::from("g1"), Box::from("g2")]);
+        assert!(!got[1].scope.plain && got[1].relayed);
+        let id = got[1].msg.remote_id.clone().unwrap();
+        assert_eq!((&*id.sender, id.number, &*got[1].msg.origin_client), ("n1@5", 2, "pub"));
     }
 
     #[test]
@@ -211,7 +229,7 @@ mod tests {
         let mut pack = Pack::default();
         let msg = message(vec![0; 10]);
         let fwd = Forward { msg: Arc::new(msg), scope: Scope { plain: true, groups: vec![] }, id: 1 };
-        pack.push(&record("n1@5", &fwd));
+        pack.push(&record("n1@5", &fwd, false));
         let whole = pack.0.clone();
         for cut in [1, 5, whole.len() - 1] {
             assert!(unpack(&whole[..cut]).is_err(), "cut at {cut}");
