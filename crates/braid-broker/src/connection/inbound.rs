@@ -215,7 +215,7 @@ impl<'a> Inbound<'a> {
         let max = self.broker.config.mqtt.max_packet_size;
         match (self.is_held(), self.deferred.take()) {
             (false, Some(Deferred::Subscribe(s))) => self.subscribe(s, now, out),
-            (false, Some(Deferred::SubAck(ack))) => self.reply(&Packet::SubAck(ack), out),
+            (false, Some(Deferred::SubAck(ack))) => self.ack_change(Packet::SubAck(ack), out),
             (_, deferred) => self.deferred = deferred,
         }
         loop {
@@ -290,7 +290,9 @@ impl<'a> Inbound<'a> {
                 None
             }
             Packet::Unsubscribe(u) => {
-                Some(Packet::UnsubAck(self.broker.unsubscribe(&self.session, self.version, u, now)))
+                let ack = self.broker.unsubscribe(&self.session, self.version, u, now);
+                self.ack_change(Packet::UnsubAck(ack), out);
+                None
             }
             Packet::PingReq => Some(Packet::PingResp),
             Packet::Disconnect(d) => return self.disconnect(d),
@@ -319,8 +321,15 @@ impl<'a> Inbound<'a> {
                 self.pause = Some(Pause::Cluster(waiting));
                 self.deferred = Some(Deferred::SubAck(ack));
             }
-            None => self.reply(&Packet::SubAck(ack), out),
+            None => self.ack_change(Packet::SubAck(ack), out),
         }
+    }
+
+    /// Sends the SUBACK or UNSUBACK `p` once what it changed in a persistent session is
+    /// durable (see [`Inbound::ack`]): a subscription acknowledged survives a crash.
+    fn ack_change(&mut self, p: Packet, out: &mut BytesMut) {
+        let ticket = self.session.lock().ticket();
+        self.ack(p, ticket, out);
     }
 
     /// Encodes a reply to the client into `out`.
