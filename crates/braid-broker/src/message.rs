@@ -134,6 +134,22 @@ pub struct Delivery {
     pub group: Option<Arc<str>>,
 }
 
+#[cfg(test)]
+impl Delivery {
+    /// A delivery of `msg` at `qos`, nothing else set.
+    pub(crate) fn of(msg: Arc<Message>, qos: QoS) -> Delivery {
+        Delivery {
+            msg,
+            qos,
+            retain: false,
+            sub_ids: SubIds::default(),
+            seq: 0,
+            stream: StreamTag::default(),
+            group: None,
+        }
+    }
+}
+
 /// The Subscription Identifiers a delivery carries (v5): none or one without an allocation,
 /// several (ascending, each once) when overlapping subscriptions were merged into one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -257,15 +257,7 @@ mod tests {
     use braid_proto::{ByteString, Bytes, QoS};
 
     fn delivery() -> Delivery {
-        Delivery {
-            msg: Message::internal(ByteString::from_static("t"), Bytes::new(), false),
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            sub_ids: Default::default(),
-            seq: 0,
-            stream: Default::default(),
-            group: None,
-        }
+        Delivery::of(Message::internal(ByteString::from_static("t"), Bytes::new(), false), QoS::AtLeastOnce)
     }
 
     #[test]

@@ -272,15 +272,7 @@ mod tests {
 
     fn d(qos: QoS, payload: usize) -> Delivery {
         let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
-        Delivery {
-            msg,
-            qos,
-            retain: false,
-            sub_ids: Default::default(),
-            seq: 0,
-            stream: Default::default(),
-            group: None,
-        }
+        Delivery::of(msg, qos)
     }
 
     #[test]

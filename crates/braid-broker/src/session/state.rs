@@ -631,15 +631,10 @@ mod tests {
     }
 
     fn delivery(topic: &'static str, qos: QoS) -> Delivery {
-        Delivery {
-            msg: Message::internal(ByteString::from_static(topic), Bytes::from_static(b"payload"), false),
+        Delivery::of(
+            Message::internal(ByteString::from_static(topic), Bytes::from_static(b"payload"), false),
             qos,
-            retain: false,
-            sub_ids: Default::default(),
-            seq: 0,
-            stream: Default::default(),
-            group: None,
-        }
+        )
     }
 
     /// Runs poll_transmit and decodes what it wrote.

@@ -783,15 +783,7 @@ mod tests {
     fn delivery(payload: &'static str, ids: &[u32]) -> Delivery {
         let msg =
             Message::internal(ByteString::from_static("a/b"), Bytes::from_static(payload.as_bytes()), false);
-        Delivery {
-            msg,
-            qos: QoS::ExactlyOnce,
-            retain: false,
-            sub_ids: ids.iter().copied().collect(),
-            seq: 0,
-            stream: Default::default(),
-            group: None,
-        }
+        Delivery { sub_ids: ids.iter().copied().collect(), ..Delivery::of(msg, QoS::ExactlyOnce) }
     }
 
     #[test]

@@ -340,13 +340,10 @@ mod tests {
     fn an_append_keeps_the_shared_group_it_came_through() {
         let msg = Message::internal(ByteString::from_static("a/b"), Bytes::from_static(b"x"), false);
         let mut d = Delivery {
-            msg,
-            qos: QoS::AtLeastOnce,
             retain: true,
             sub_ids: [3, 5].into_iter().collect(),
-            seq: 0,
-            stream: Default::default(),
             group: Some("g1".into()),
+            ..Delivery::of(msg, QoS::AtLeastOnce)
         };
         let (seq, back) = read_append(&append(1, 9, &d)).unwrap();
         assert_eq!(
