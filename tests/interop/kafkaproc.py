@@ -21,10 +21,11 @@ import atexit
 import dataclasses
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import tempfile
+
+from serviceproc import ServiceProcess
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "scripts", "services")
@@ -67,7 +68,7 @@ def _text(x, what):
     return s
 
 
-class KafkaServer:
+class KafkaServer(ServiceProcess):
     """A Kafka node in `<tmpdir>/kafka` (a temporary directory of its own without tmpdir).
 
     Addresses: bootstrap (PLAINTEXT), sasl_bootstrap, ssl_bootstrap, sasl_ssl_bootstrap (None when
@@ -165,16 +166,6 @@ class KafkaServer:
     def running(self):
         return self._script("status", "--dir", self.dir, check=False).returncode == 0
 
-    def remove(self):
-        """Stops the node and deletes its directory."""
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
     def __repr__(self):
         return f"<KafkaServer {self.bootstrap} pid={self.pid} dir={self.dir}>"

@@ -19,6 +19,8 @@ import tempfile
 import time
 from urllib.parse import quote
 
+from serviceproc import ServiceProcess
+
 HOST = "127.0.0.1"
 
 
@@ -50,7 +52,7 @@ def _resp(sock, *args):
     return buf.split(b"\r\n", 1)[0].decode(errors="replace")
 
 
-class RedisServer:
+class RedisServer(ServiceProcess):
     """A redis-server process: `url` to hand to Braid, `cli(...)` to look inside, and
     `stop()` (SIGTERM) / `kill()` (SIGKILL) / `start()` (again, same port and directory).
 
@@ -191,16 +193,6 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait()
 
-    def remove(self):
-        """Stops the server and deletes its data directory (the log file stays)."""
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
     # ---- inspection ---------------------------------------------------------------------------
 
