@@ -228,16 +228,12 @@ def _go(a, how):
         a.disconnect()        # DISCONNECT
 
 
-@pytest.mark.braid_only
-@pytest.mark.parametrize("how", ["kill", "disconnect"])
-@pytest.mark.parametrize("protocol", [MQTTv311, MQTTv5], ids=proto_id)
-def test_shared_clean_member_gone_its_unacked_messages_go_to_another_member(
-        make_broker, connect, protocol, how):
-    """A clean session leaves (its session ends) holding QoS 1 messages in flight and queued:
-    the online member B gets all of them, nothing lost, nothing A acknowledged again."""
-    broker = _window_broker(make_broker)
+def _gone_holding(connect, broker, protocol, how, client_id, persistent):
+    """Members A (manual ack; ``client_id``, ``persistent``) and B share 10 QoS 1 messages; A
+    holds its share unacknowledged and goes (``how``); checks that B gets what A had not
+    acknowledged (see ``check_handed_over``) and returns the report."""
     topic = unique("jobs")
-    a = _member(connect, broker, protocol, manual_ack=True)
+    a = _member(connect, broker, protocol, client_id=client_id, persistent=persistent, manual_ack=True)
     b = _member(connect, broker, protocol)
     for m in (a, b):
         assert m.subscribe(f"$share/g/{topic}", 1) == [1]
@@ -246,7 +242,18 @@ def test_shared_clean_member_gone_its_unacked_messages_go_to_another_member(
     settle(a, b)
     b_before = len(payloads(b, topic))
     _go(a, how)
-    check_handed_over(topic, sent, a, acked, b, b_before)
+    return check_handed_over(topic, sent, a, acked, b, b_before)
+
+
+@pytest.mark.braid_only
+@pytest.mark.parametrize("how", ["kill", "disconnect"])
+@pytest.mark.parametrize("protocol", [MQTTv311, MQTTv5], ids=proto_id)
+def test_shared_clean_member_gone_its_unacked_messages_go_to_another_member(
+        make_broker, connect, protocol, how):
+    """A clean session leaves (its session ends) holding QoS 1 messages in flight and queued:
+    the online member B gets all of them, nothing lost, nothing A acknowledged again."""
+    broker = _window_broker(make_broker)
+    _gone_holding(connect, broker, protocol, how, client_id=None, persistent=False)
 
 
 @pytest.mark.braid_only
@@ -257,18 +264,8 @@ def test_shared_persistent_member_gone_its_unacked_messages_go_to_another_member
     """As above with A's session kept (v5 Session Expiry 300 s / 3.1.1 clean session 0): B gets
     what A had not acknowledged; A, back with its session, does not get those again."""
     broker = _window_broker(make_broker)
-    topic = unique("jobs")
     cid = unique("held")
-    a = _member(connect, broker, protocol, client_id=cid, persistent=True, manual_ack=True)
-    b = _member(connect, broker, protocol)
-    for m in (a, b):
-        assert m.subscribe(f"$share/g/{topic}", 1) == [1]
-    sent = publish_n(connect(broker, protocol=protocol), topic, 10)
-    acked = hold(a, topic)
-    settle(a, b)
-    b_before = len(payloads(b, topic))
-    _go(a, how)
-    report = check_handed_over(topic, sent, a, acked, b, b_before)
+    report = _gone_holding(connect, broker, protocol, how, client_id=cid, persistent=True)
 
     back = _member(connect, broker, protocol, client_id=cid, persistent=True, fresh=False)
     assert back.connack.session_present is True, back.connack
