@@ -249,9 +249,14 @@ pub(crate) async fn route(
     };
     let mut ticket = 0;
     let mut held = Vec::new();
-    let (waiting, now): (Vec<Incoming>, Vec<Incoming>) =
-        backlog.messages.drain(..).partition(|m| hold_relayed && m.relayed);
-    backlog.messages = waiting;
+    let now = match hold_relayed {
+        false => std::mem::take(&mut backlog.messages),
+        true => {
+            let (waiting, now) = backlog.messages.drain(..).partition(|m| m.relayed);
+            backlog.messages = waiting;
+            now
+        }
+    };
     for Incoming { msg, scope, .. } in now {
         if msg.remote_id.as_ref().is_some_and(|id| !seen.lock().first(id)) {
             debug!("cluster: a message received twice is dropped");

@@ -182,6 +182,10 @@ impl Broker {
     pub(super) fn other_members(&self, session: &Session) -> OtherMembers {
         let filters: Vec<ByteString> =
             session.lock().subscriptions.keys().filter(|f| f.starts_with('$')).cloned().collect();
+        if filters.is_empty() {
+            // No shared subscription (the common case): the router is not looked at.
+            return OtherMembers::default();
+        }
         let router = self.router.read();
         let shared = filters.iter().filter_map(|f| {
             let (inner, group) = split_filter(f)?;

@@ -137,8 +137,10 @@ impl Persist {
     /// Delivery `seq`, waiting in the store for the client, went to someone else: it is
     /// finished here.
     pub fn hand_off(&mut self, seq: u64) {
-        if let Some(i) = self.offline.as_ref().and_then(|disk| disk.position(|d| d.seq == seq)) {
-            self.offline.as_mut().map(|disk| disk.remove(i));
+        if let Some(disk) = self.offline.as_mut() {
+            if let Some(i) = disk.position(|d| d.seq == seq) {
+                disk.remove(i);
+            }
         }
         self.done(seq);
     }
