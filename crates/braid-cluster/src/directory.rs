@@ -274,6 +274,7 @@ pub(crate) async fn hand_over(
     let will = if clean { WillOnRelease::Ended } else { WillOnRelease::Resumed };
     if let Some((ticket, filters)) = broker.release(&client_id, Instant::now(), Some(&relay), will) {
         routes::relaying(&shared, &broker, &to, filters.iter().map(|f| f.to_string()).collect());
+        let ticket = ticket.max(shared.store.finish_waiting(&client_id));
         shared.store.wait_durable(ticket).await;
         shared.store.unbind(&client_id);
         info!(%client_id, node = %to, "cluster: session handed over");

@@ -106,6 +106,30 @@ pub(crate) struct Backlog {
     /// The entries' ids.
     pub ids: Vec<String>,
     messages: Vec<Incoming>,
+    /// The messages routed from them so far (see [`crate::store::RedisStore::routing`]).
+    routed: Vec<RemoteId>,
+}
+
+/// Entries whose messages are all routed, to be acknowledged.
+#[derive(Debug, Default)]
+pub(crate) struct Routed {
+    ids: Vec<String>,
+    messages: Vec<RemoteId>,
+}
+
+impl Routed {
+    /// Takes `backlog`'s entries, all of whose messages are routed.
+    pub(crate) fn take(&mut self, backlog: &mut Backlog) {
+        self.ids.append(&mut backlog.ids);
+        self.messages.append(&mut backlog.routed);
+    }
+
+    /// The entries are acknowledged: what waited for that goes on.
+    fn acknowledged(&mut self, shared: &Shared) {
+        shared.store.acknowledged(&self.messages);
+        self.ids.clear();
+        self.messages.clear();
+    }
 }
 
 /// Reads the inbox until the broker shuts down: first what was read before but never
@@ -126,7 +150,7 @@ async fn read(
     let slow_consumer = Duration::from_secs(broker.config.session.slow_consumer_timeout_secs);
     let (mut held, mut held_since) = (Vec::new(), Instant::now());
     // Entries routed, acknowledged with the next read (one round trip for both).
-    let mut routed: Vec<String> = Vec::new();
+    let mut routed = Routed::default();
     // The last read brought only a few entries.
     let mut trickle = false;
     loop {
@@ -136,7 +160,7 @@ async fn read(
             held = route(&shared, &broker, &mut backlog, Source::Own, hold_relayed).await;
             held_since = Instant::now();
             if backlog.messages.is_empty() {
-                routed.append(&mut backlog.ids);
+                routed.take(&mut backlog);
             }
         }
         if trickle && backlog.ids.is_empty() {
@@ -149,16 +173,16 @@ async fn read(
         // messages wait (a claim, a held session), reads wait briefly, to see that end soon.
         let block = if backlog.ids.is_empty() && held.is_empty() { 1000 } else { 10 };
         let read = tokio::select! {
-            r = ack_and_read(&mut conn, &inbox, &shared.me, &routed, from, read_count(shared.config.batch), block) => r,
+            r = ack_and_read(&mut conn, &inbox, &shared.me, &routed.ids, from, read_count(shared.config.batch), block) => r,
             _ = broker.shutdown.cancelled() => {
-                acknowledge(&shared, &inbox, &routed).await;
+                acknowledge(&shared, &inbox, &mut routed).await;
                 return;
             }
         };
         let entries = match read {
             Ok(v) => {
                 failing = false;
-                routed.clear();
+                routed.acknowledged(&shared);
                 stream_entries(v)
             }
             Err(e) => {
@@ -167,9 +191,11 @@ async fn read(
                     // Redis lost it (restarted without persistence, or a takeover removed it).
                     let _ = create_group(&mut shared.conn.clone(), &inbox).await;
                 }
-                // After a reconnect, what was read but not acknowledged is read again.
+                // After a reconnect, what was read but not acknowledged is read again (the
+                // messages routed from it are dropped then as received twice: they wait for
+                // the acknowledgement of those entries as they did).
                 pending = true;
-                backlog = Backlog::default();
+                backlog = Backlog { routed: std::mem::take(&mut backlog.routed), ..Backlog::default() };
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -258,9 +284,13 @@ pub(crate) async fn route(
         }
     };
     for Incoming { msg, scope, .. } in now {
-        if msg.remote_id.as_ref().is_some_and(|id| !seen.lock().first(id)) {
-            debug!("cluster: a message received twice is dropped");
-            continue;
+        if let Some(id) = &msg.remote_id {
+            if !seen.lock().first(id) {
+                debug!("cluster: a message received twice is dropped");
+                continue;
+            }
+            shared.store.routing(id);
+            backlog.routed.push(id.clone());
         }
         let own = msg.remote_id.as_ref().filter(|id| *id.sender == *shared.incarnation).map(|id| id.number);
         let now = Instant::now();
@@ -342,11 +372,12 @@ async fn ack_and_read(
     Ok(reply)
 }
 
-/// Acknowledges and deletes the entries `ids`, retrying until Redis takes it.
-pub(crate) async fn acknowledge(shared: &Shared, inbox: &str, ids: &[String]) {
-    if ids.is_empty() {
+/// Acknowledges and deletes the entries of `routed`, retrying until Redis takes it.
+pub(crate) async fn acknowledge(shared: &Shared, inbox: &str, routed: &mut Routed) {
+    if routed.ids.is_empty() {
         return;
     }
+    let ids = &routed.ids;
     let mut conn = shared.conn.clone();
     let mut failing = false;
     loop {
@@ -367,6 +398,7 @@ pub(crate) async fn acknowledge(shared: &Shared, inbox: &str, ids: &[String]) {
                 if failing {
                     info!("cluster: inbox acknowledgements resumed");
                 }
+                routed.acknowledged(shared);
                 return;
             }
             Err(e) => {

@@ -212,11 +212,7 @@ async fn drain(
         let next = parts.first().and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned());
         let entries = if parts.len() > 1 { entries_of(parts.swap_remove(1)) } else { Vec::new() };
         total += entries.len();
-        let mut backlog = inbox::Backlog::default();
-        inbox::take_in(shared, entries, None, &mut backlog);
-        // A gone node's inbox is drained at once, whoever it holds.
-        let _ = inbox::route(shared, broker, &mut backlog, Source::Gone(taken), false).await;
-        inbox::acknowledge(shared, inbox, &backlog.ids).await;
+        route_entries(shared, broker, inbox, entries, taken).await;
         match next {
             Some(n) if n != "0-0" => start = n,
             _ => break,
@@ -229,11 +225,25 @@ async fn drain(
             break;
         }
         total += entries.len();
-        let mut backlog = inbox::Backlog::default();
-        inbox::take_in(shared, entries, None, &mut backlog);
-        // A gone node's inbox is drained at once, whoever it holds.
-        let _ = inbox::route(shared, broker, &mut backlog, Source::Gone(taken), false).await;
-        inbox::acknowledge(shared, inbox, &backlog.ids).await;
+        route_entries(shared, broker, inbox, entries, taken).await;
     }
     Ok(total)
+}
+
+/// Routes the messages of `entries` of the gone node's `inbox` into the sessions taken from it
+/// and acknowledges them.
+async fn route_entries(
+    shared: &Shared,
+    broker: &Broker,
+    inbox: &str,
+    entries: Vec<(String, Vec<Value>)>,
+    taken: &Taken,
+) {
+    let mut backlog = inbox::Backlog::default();
+    inbox::take_in(shared, entries, None, &mut backlog);
+    // A gone node's inbox is drained at once, whoever it holds.
+    let _ = inbox::route(shared, broker, &mut backlog, Source::Gone(taken), false).await;
+    let mut routed = inbox::Routed::default();
+    routed.take(&mut backlog);
+    inbox::acknowledge(shared, inbox, &mut routed).await;
 }

@@ -8,6 +8,11 @@
 //! Fencing: a session's writes carry the ownership epoch this node got when it claimed the
 //! client id ([`crate::directory`]); a script refuses them once another node has claimed it
 //! since, and the session is let go here.
+//!
+//! A delivery of a message read from an inbox entry that is not acknowledged yet is not
+//! removed from Redis before that acknowledgement ([`Unacked`]): a node that dies in between
+//! leaves the entry to be read again, and the session read back must still hold the message
+//! to know it has had it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,8 +74,9 @@ enum Reply {
     None,
     /// A session change under an epoch: 0 means the session has a newer owner.
     Fenced(ByteString, u64),
-    /// A session's deliveries (two replies: the queue and the stages).
-    Load(oneshot::Sender<Result<Vec<Stored>, StoreError>>),
+    /// A session's deliveries (two replies: the queue and the stages), but for the finished
+    /// ones whose removal waits (see [`Unacked`]), by sequence number.
+    Load(oneshot::Sender<Result<Vec<Stored>, StoreError>>, Vec<u64>),
 }
 
 /// One unit of the writer's work.
@@ -109,6 +115,32 @@ pub(crate) struct RedisStore {
     sessions: Mutex<HashMap<u64, Bound>>,
     epochs: Mutex<HashMap<ByteString, u64>>,
     recovered: Mutex<Option<Recovered>>,
+    unacked: Mutex<Unacked>,
+}
+
+/// Messages routed from inbox entries not acknowledged yet, their deliveries, and which of
+/// those are finished: a finished one's removal (`done`) waits for the acknowledgement.
+/// Otherwise a node dying after the removal and before the acknowledgement would leave an
+/// entry read again into a session that no longer knows the message: a QoS 2 subscriber
+/// would get it twice.
+#[derive(Debug, Default)]
+struct Unacked {
+    /// By message: how many unacknowledged entries it was routed from, and its deliveries
+    /// as (session, seq).
+    messages: HashMap<RemoteId, (usize, Vec<(u64, u64)>)>,
+    /// By delivery (session, seq): its message, and whether it is finished.
+    deliveries: HashMap<(u64, u64), (RemoteId, bool)>,
+}
+
+impl Unacked {
+    /// The finished deliveries, as (session, seq), of the sessions `of` selects.
+    fn finished(&self, of: impl Fn(u64) -> bool) -> Vec<(u64, u64)> {
+        self.deliveries
+            .iter()
+            .filter(|((session, _), (_, done))| *done && of(*session))
+            .map(|(d, _)| *d)
+            .collect()
+    }
 }
 
 /// The writer side, to be run by [`RedisStore::run_writer`].
@@ -136,6 +168,7 @@ impl RedisStore {
             sessions: Mutex::new(HashMap::new()),
             epochs: Mutex::new(HashMap::new()),
             recovered: Mutex::new(Some(recovered)),
+            unacked: Mutex::new(Unacked::default()),
         });
         (store, Writer { rx, durable: durable_tx, batch })
     }
@@ -163,6 +196,72 @@ impl RedisStore {
     pub(crate) fn unbind(&self, client_id: &str) {
         self.epochs.lock().remove(client_id);
         self.sessions.lock().retain(|_, b| &*b.client_id != client_id);
+    }
+
+    /// Message `id` is routed from an inbox entry that is not acknowledged yet: its
+    /// deliveries stay in Redis until [`RedisStore::acknowledged`].
+    pub(crate) fn routing(&self, id: &RemoteId) {
+        self.unacked.lock().messages.entry(id.clone()).or_default().0 += 1;
+    }
+
+    /// The inbox entries the messages `ids` were routed from are acknowledged: their
+    /// finished deliveries are removed from Redis now.
+    pub(crate) fn acknowledged(&self, ids: &[RemoteId]) {
+        let mut finished = Vec::new();
+        {
+            let mut u = self.unacked.lock();
+            for id in ids {
+                let Some((entries, deliveries)) = u.messages.get_mut(id) else { continue };
+                *entries -= 1;
+                if *entries > 0 {
+                    continue;
+                }
+                let deliveries = std::mem::take(deliveries);
+                u.messages.remove(id);
+                for d in deliveries {
+                    if u.deliveries.remove(&d).is_some_and(|(_, done)| done) {
+                        finished.push(d);
+                    }
+                }
+            }
+        }
+        for (session, seq) in finished {
+            // Not if the session ended or moved meanwhile: its data went with it.
+            if self.sessions.lock().contains_key(&session) {
+                self.done(session, seq);
+            }
+        }
+    }
+
+    /// Removes now the finished deliveries of `client_id`'s session that wait for an inbox
+    /// acknowledgement (it moves to another node, which does not read this node's inbox
+    /// into it); returns the ticket of the last.
+    pub(crate) fn finish_waiting(&self, client_id: &str) -> Ticket {
+        let ids: Vec<u64> = self
+            .sessions
+            .lock()
+            .iter()
+            .filter(|(_, b)| &*b.client_id == client_id)
+            .map(|(id, _)| *id)
+            .collect();
+        let finished: Vec<(u64, u64)> = {
+            let mut u = self.unacked.lock();
+            let mine = u.finished(|session| ids.contains(&session));
+            for d in &mine {
+                if let Some((id, _)) = u.deliveries.remove(d) {
+                    if let Some((_, ds)) = u.messages.get_mut(&id) {
+                        ds.retain(|x| x != d);
+                    }
+                }
+            }
+            mine
+        };
+        finished.into_iter().map(|(session, seq)| self.done(session, seq)).max().unwrap_or(0)
+    }
+
+    /// Removes delivery `seq` of `session` from Redis.
+    fn done(&self, session: u64, seq: u64) -> Ticket {
+        self.session_op(session, "done", [seq.to_string().as_bytes(), b"", b""])
     }
 
     /// Waits until the changes up to `ticket` are in Redis.
@@ -251,6 +350,13 @@ impl Store for RedisStore {
             Op::Append { session, seq, delivery } => {
                 let mut d = delivery;
                 d.seq = seq;
+                if let Some(id) = &d.msg.remote_id {
+                    let mut u = self.unacked.lock();
+                    if let Some((_, deliveries)) = u.messages.get_mut(id) {
+                        deliveries.push((session, seq));
+                        u.deliveries.insert((session, seq), (id.clone(), false));
+                    }
+                }
                 let remote = d.msg.remote_id.as_ref().map(remote_key).unwrap_or_default();
                 self.session_op(
                     session,
@@ -262,7 +368,11 @@ impl Store for RedisStore {
                 self.session_op(session, "stage", [seq.to_string().as_bytes(), &[stage_byte(stage)], b""])
             }
             Op::Done { session, seq } => {
-                self.session_op(session, "done", [seq.to_string().as_bytes(), b"", b""])
+                if let Some((_, done)) = self.unacked.lock().deliveries.get_mut(&(session, seq)) {
+                    *done = true;
+                    return self.submitter.lock().last;
+                }
+                self.done(session, seq)
             }
             Op::IncomingQos2 { session, packet_id, pending } => {
                 let pending: &[u8] = if pending { b"1" } else { b"0" };
@@ -286,7 +396,14 @@ impl Store for RedisStore {
                         redis::cmd("HGETALL").arg(&k.queue).clone(),
                         redis::cmd("HGETALL").arg(&k.stages).clone(),
                     ];
-                    self.push(cmds, Reply::Load(reply))
+                    let finished = self
+                        .unacked
+                        .lock()
+                        .finished(|id| id == session)
+                        .into_iter()
+                        .map(|(_, seq)| seq)
+                        .collect();
+                    self.push(cmds, Reply::Load(reply, finished))
                 }
                 None => {
                     let _ = reply.send(Ok(Vec::new()));
@@ -369,8 +486,12 @@ impl Writer {
                             let _ = fenced.send((client_id, epoch));
                         }
                     }
-                    Reply::Load(tx) => {
-                        let _ = tx.send(read_deliveries(mine));
+                    Reply::Load(tx, finished) => {
+                        let mut deliveries = read_deliveries(mine);
+                        if let Ok(d) = deliveries.as_mut() {
+                            d.retain(|s| !finished.contains(&s.seq));
+                        }
+                        let _ = tx.send(deliveries);
                     }
                 }
             }
