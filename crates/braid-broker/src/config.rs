@@ -43,6 +43,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// Many nodes as one broker, on Redis (see `docs/cluster.md`).
     pub cluster: ClusterConfig,
+    /// Bridges to other systems (see `docs/bridges.md`).
+    pub bridges: BridgesConfig,
 }
 
 /// Network listeners.
@@ -617,6 +619,157 @@ impl Default for ClusterConfig {
     }
 }
 
+/// Bridges to other systems (see `docs/bridges.md`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BridgesConfig {
+    /// Bridges to Kafka (`[[bridges.kafka]]`).
+    pub kafka: Vec<KafkaBridgeConfig>,
+}
+
+/// One bridge between Braid and a Kafka cluster (`[[bridges.kafka]]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaBridgeConfig {
+    /// The bridge's name: unique, in its `$SYS` topics, logs and its outbox's client id; the
+    /// consumer group of its `in` topics unless they name one.
+    pub name: String,
+    /// Bootstrap brokers, `host:port`.
+    #[serde(deserialize_with = "one_or_many")]
+    pub brokers: Vec<String>,
+    /// When the MQTT publisher of a message bridged out is acknowledged: `log`, once the
+    /// message is in Braid's outbox (durable as any persistent session's queue).
+    pub ack: KafkaAck,
+    /// The Kafka `client.id`; empty: `braid-<name>`.
+    pub client_id: String,
+    /// Compression of produced batches: `none`, `gzip`, `snappy`, `lz4` or `zstd`.
+    pub compression: String,
+    /// How long the producer waits to fill a batch, in milliseconds.
+    pub linger_ms: u64,
+    /// Largest record the producer sends (Kafka's `message.max.bytes`); a larger message is
+    /// not bridged (logged and counted).
+    pub max_record_bytes: usize,
+    /// How long the producer keeps retrying a record while Kafka is away, in milliseconds;
+    /// then the outbox resends it (nothing is dropped).
+    pub delivery_timeout_ms: u64,
+    /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    pub security_protocol: String,
+    /// SASL mechanism: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub sasl_mechanism: String,
+    /// SASL user name.
+    pub sasl_username: String,
+    /// SASL password.
+    pub sasl_password: String,
+    /// CA certificate (PEM) the brokers' certificates must chain to (TLS); empty: the
+    /// system's roots.
+    pub ca_file: String,
+    /// Client certificate (PEM) for TLS client authentication; with `key_file`.
+    pub cert_file: String,
+    /// The client certificate's private key (PEM).
+    pub key_file: String,
+    /// Further librdkafka settings, passed as they are (e.g. `"socket.keepalive.enable" =
+    /// "true"`); they override the keys above.
+    pub properties: std::collections::BTreeMap<String, String>,
+    /// Messages the outbox holds for Kafka (while Kafka is slow or away).
+    pub max_queued_messages: usize,
+    /// Bytes (topic plus payload) the outbox holds for Kafka.
+    pub max_queued_bytes: usize,
+    /// What to do with a message when the outbox is full (counted): `backpressure` (hold the
+    /// publishers), `drop_newest` or `drop_oldest`.
+    pub queue_overflow: OverflowPolicy,
+    /// MQTT to Kafka (`[[bridges.kafka.out]]`).
+    pub out: Vec<KafkaOut>,
+    /// Kafka to MQTT (`[[bridges.kafka.in]]`).
+    #[serde(rename = "in")]
+    pub inbound: Vec<KafkaIn>,
+}
+
+impl Default for KafkaBridgeConfig {
+    fn default() -> Self {
+        KafkaBridgeConfig {
+            name: String::new(),
+            brokers: Vec::new(),
+            ack: KafkaAck::Log,
+            client_id: String::new(),
+            compression: "lz4".into(),
+            linger_ms: 5,
+            max_record_bytes: 1_000_000,
+            delivery_timeout_ms: 120_000,
+            security_protocol: "plaintext".into(),
+            sasl_mechanism: String::new(),
+            sasl_username: String::new(),
+            sasl_password: String::new(),
+            ca_file: String::new(),
+            cert_file: String::new(),
+            key_file: String::new(),
+            properties: Default::default(),
+            max_queued_messages: 100_000,
+            max_queued_bytes: 64 * 1024 * 1024,
+            queue_overflow: OverflowPolicy::Backpressure,
+            out: Vec::new(),
+            inbound: Vec::new(),
+        }
+    }
+}
+
+/// When a Kafka bridge acknowledges the MQTT publisher of a message it bridges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaAck {
+    /// Once the message is in the bridge's outbox in Braid's store.
+    Log,
+}
+
+/// MQTT messages to bridge to Kafka (`[[bridges.kafka.out]]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaOut {
+    /// MQTT topic filter (wildcards allowed).
+    pub filter: String,
+    /// Kafka topic, a template: `${topic}` is the MQTT topic, `${1}`, `${2}`... its levels.
+    pub topic: String,
+    /// Record key, a template as `topic`; empty: no key.
+    pub key: String,
+    /// The QoS the outbox subscribes with: 1 or 2 are kept in the outbox until Kafka has the
+    /// record; 0 is sent at most once.
+    pub qos: u8,
+}
+
+impl Default for KafkaOut {
+    fn default() -> Self {
+        KafkaOut { filter: String::new(), topic: String::new(), key: "${topic}".into(), qos: 1 }
+    }
+}
+
+/// Kafka records to publish in Braid (`[[bridges.kafka.in]]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaIn {
+    /// Kafka topic to consume.
+    pub topic: String,
+    /// MQTT topic to publish to, a template: `${key}` is the record's key, `${topic}` the
+    /// Kafka topic, `${partition}` its partition.
+    pub mqtt_topic: String,
+    /// QoS of the PUBLISH.
+    pub qos: u8,
+    /// RETAIN flag of the PUBLISH.
+    pub retain: bool,
+    /// Consumer group; empty: the bridge's name.
+    pub group: String,
+}
+
+impl Default for KafkaIn {
+    fn default() -> Self {
+        KafkaIn {
+            topic: String::new(),
+            mqtt_topic: String::new(),
+            qos: 1,
+            retain: false,
+            group: String::new(),
+        }
+    }
+}
+
 /// Accepts one string or a list of strings.
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
@@ -711,7 +864,7 @@ impl ConfigError {
     }
 }
 
-const SECTIONS: [&str; 14] = [
+const SECTIONS: [&str; 15] = [
     "listeners",
     "mqtt",
     "session",
@@ -726,6 +879,7 @@ const SECTIONS: [&str; 14] = [
     "store",
     "runtime",
     "cluster",
+    "bridges",
 ];
 
 impl Config {

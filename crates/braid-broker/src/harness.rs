@@ -99,7 +99,8 @@ impl<'b> Harness<'b> {
             .expect("the harness authenticates without I/O (no HTTP authentication)")
             .map_err(|refusal| refusal.reason)?;
         let seed = broker.security.seed(identity, &connect.client_id);
-        let (accepted, connack, restore) = broker.connect(connect, Transport::Tcp, self.now)?;
+        let (accepted, connack, restore) =
+            broker.connect(connect, broker.listener_limits(Transport::Tcp), self.now)?;
         assert!(restore.is_none(), "the harness runs on the memory store");
         let acl = broker.security.resume_acl(seed, &accepted.session.client_id);
         let inbound =

@@ -129,8 +129,14 @@ async fn a_session_follows_the_policy_of_the_listener_its_client_last_came_throu
     config.session.listeners.ws.qos0_pacing_ms = Some(0);
     let b = start(config).await;
     let policies = |transport| {
-        let (accepted, ..) =
-            b.broker.connect(&connect_with_expiry("lp", false, 60), transport, Instant::now()).unwrap();
+        let (accepted, ..) = b
+            .broker
+            .connect(
+                &connect_with_expiry("lp", false, 60),
+                b.broker.listener_limits(transport),
+                Instant::now(),
+            )
+            .unwrap();
         let limits = accepted.session.lock().queue.limits().clone();
         (limits.overflow, limits.qos0_pacing)
     };

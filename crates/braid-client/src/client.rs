@@ -241,17 +241,39 @@ impl Client {
     /// Taking a QoS 1/2 [`Event::Message`] here is what acknowledges it. With several tasks
     /// calling `recv`, each event goes to one of them.
     pub async fn recv(&self) -> Option<Event> {
+        let (event, received) = self.recv_unacked().await?;
+        if let Some(r) = received {
+            self.ack(r);
+        }
+        Some(event)
+    }
+
+    /// The next event, as [`Client::recv`], but a QoS 1/2 message is not acknowledged yet:
+    /// the application sends its PUBACK (QoS 2: PUBREC) with [`Client::ack`] once it is done
+    /// with it, e.g. when it has stored it elsewhere. The server sends no more than the
+    /// Receive Maximum of messages not acknowledged. Acknowledge in the order received: MQTT
+    /// asks for acknowledgements in order.
+    pub async fn recv_unacked(&self) -> Option<(Event, Option<Received>)> {
         let incoming = self.inner.events.lock().await.recv().await?;
         Some(match incoming {
             Incoming::Message(p, epoch) => {
-                if p.qos != QoS::AtMostOnce {
-                    let _ = self.inner.acks.send(Taken { epoch, packet_id: p.packet_id, qos: p.qos });
-                }
-                Event::Message(*p)
+                let received = (p.qos != QoS::AtMostOnce).then_some(Received(Taken {
+                    epoch,
+                    packet_id: p.packet_id,
+                    qos: p.qos,
+                }));
+                (Event::Message(*p), received)
             }
-            Incoming::Connected(c) => Event::Connected(*c),
-            Incoming::Disconnected(r) => Event::Disconnected(r),
+            Incoming::Connected(c) => (Event::Connected(*c), None),
+            Incoming::Disconnected(r) => (Event::Disconnected(r), None),
         })
+    }
+
+    /// Acknowledges a message taken with [`Client::recv_unacked`]. An acknowledgement for a
+    /// connection that has ended since is dropped: the server sends the message again when
+    /// the session resumes.
+    pub fn ack(&self, received: Received) {
+        let _ = self.inner.acks.send(received.0);
     }
 
     /// Sends DISCONNECT (with `reason` for v5, e.g. [`ReasonCode::DisconnectWithWill`]; 3.1.x
@@ -272,6 +294,11 @@ impl Client {
         Ok(())
     }
 }
+
+/// A QoS 1/2 message handed out by [`Client::recv_unacked`], to acknowledge with
+/// [`Client::ack`].
+#[derive(Debug)]
+pub struct Received(Taken);
 
 /// Completion of one publish: resolves with the PUBACK / PUBREC reason (QoS 1 / 2) when the
 /// exchange is complete, or at once with [`ReasonCode::Success`] for QoS 0. A failure reason

@@ -67,7 +67,7 @@ pub use braid_proto::{
     ByteString, Bytes, Properties, ProtocolVersion, Publish, QoS, ReasonCode, RetainHandling,
     SubscriptionOptions,
 };
-pub use client::{Client, PublishHandle};
+pub use client::{Client, PublishHandle, Received};
 pub use error::Error;
 pub use message::{Connected, Event, Message};
-pub use options::{ClientOptions, QuicOptions, Reconnect, TlsOptions, Transport, Will};
+pub use options::{ClientOptions, InMemory, QuicOptions, Reconnect, TlsOptions, Transport, Will};

@@ -1,6 +1,9 @@
 //! How to connect: [`ClientOptions`] and its parts.
 
+use std::fmt;
+use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use braid_proto::{Bytes, Properties, ProtocolVersion, QoS};
@@ -27,7 +30,39 @@ pub enum Transport {
     /// MQTT over QUIC: the connection's first stream is the control stream;
     /// [`crate::Client::open_stream`] opens data streams.
     Quic(QuicOptions),
+    /// MQTT over an in-memory stream to a server in the same process (host and port unused).
+    InMemory(InMemory),
 }
+
+/// Opens an in-memory byte stream to a server in the same process, once per connection (a
+/// broker's in-process clients, such as Braid's bridges, connect through it).
+#[derive(Clone)]
+pub struct InMemory(Arc<dyn Fn() -> io::Result<tokio::io::DuplexStream> + Send + Sync>);
+
+impl InMemory {
+    /// Streams that `open` makes, the server serving their other end.
+    pub fn new(open: impl Fn() -> io::Result<tokio::io::DuplexStream> + Send + Sync + 'static) -> InMemory {
+        InMemory(Arc::new(open))
+    }
+
+    pub(crate) fn open(&self) -> io::Result<tokio::io::DuplexStream> {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for InMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("InMemory")
+    }
+}
+
+impl PartialEq for InMemory {
+    fn eq(&self, other: &InMemory) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for InMemory {}
 
 /// How to open and check a TLS connection.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]

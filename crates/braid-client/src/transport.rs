@@ -1,4 +1,4 @@
-//! Byte streams to the server: TCP, TLS, WebSocket and WebSocket over TLS. The connection task
+//! Byte streams to the server: TCP, TLS, WebSocket, WebSocket over TLS and in-memory. The connection task
 //! reads from a [`ReadHalf`] and writes to a [`WriteHalf`] in one select loop, whatever the
 //! transport.
 
@@ -69,6 +69,7 @@ pub(crate) async fn open(opts: &ClientOptions) -> io::Result<(ReadHalf, WriteHal
             let stream = tls::connect(tcp(opts).await?, &opts.host, tls_opts).await?;
             Ok(split(Box::new(websocket(stream, "wss", path, opts).await?)))
         }
+        Transport::InMemory(open) => Ok(split(Box::new(open.open()?))),
     }
 }
 

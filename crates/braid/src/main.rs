@@ -82,6 +82,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = braid_bridge::check(&config) {
+        eprintln!("braid: invalid configuration: {e}");
+        return ExitCode::from(2);
+    }
     let filter = match std::env::var("BRAID_LOG") {
         Ok(level) => EnvFilter::try_new(&level).map_err(|e| format!("BRAID_LOG: {e}")),
         Err(_) => EnvFilter::try_new(&config.log.level).map_err(|e| format!("log.level: {e}")),
@@ -156,6 +160,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             },
             None => None,
         };
+        braid_bridge::start(server.broker());
         let broker = server.broker().clone();
         tokio::spawn(async move { reload_on_sighup(broker).await });
         let shutdown = server.broker().shutdown.clone();

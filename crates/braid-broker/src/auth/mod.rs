@@ -42,6 +42,18 @@ pub struct Identity {
     pub acl: Option<AclClaim>,
 }
 
+impl Identity {
+    /// A part of Braid connected in process (see [`crate::connection::in_process`]), named
+    /// `name`: it may publish and subscribe to any topic, whatever the rules file says.
+    pub fn unrestricted(name: &str) -> Identity {
+        let all = vec!["#".to_string()];
+        Identity {
+            username: Some(name.to_string()),
+            acl: Some(AclClaim { publish: all.clone(), subscribe: all }),
+        }
+    }
+}
+
 /// Why a CONNECT was refused: the CONNACK reason and a line for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

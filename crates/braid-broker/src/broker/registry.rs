@@ -12,17 +12,28 @@ use braid_proto::{
 use super::{split_filter, Accepted, Broker, ById, Connected, WillOnRelease};
 use crate::control::ConnControl;
 use crate::router::{RemoteRef, SubEntry};
-use crate::session::{Link, Persist, Release, Session};
+use crate::session::{Link, Persist, QueueLimits, Release, Session};
 use crate::store::Ticket;
 use crate::transport::Transport;
 
 impl Broker {
-    /// Handles CONNECT on `transport`'s listener: validates the client id, applies limits,
-    /// finds or creates the session (closing a connection that holds it) and attaches this
-    /// connection, the session's queue now under that listener's policies; returns it with the
-    /// CONNACK to send first. `Err` carries the CONNACK reason to refuse with. `now` is when
-    /// the CONNECT arrived.
-    pub fn connect(&self, c: &Connect, transport: Transport, now: Instant) -> Result<Connected, ReasonCode> {
+    /// The queue limits of the sessions of clients that connect through `transport`'s
+    /// listener.
+    pub fn listener_limits(&self, transport: Transport) -> Arc<QueueLimits> {
+        self.listener_limits.get(transport).clone()
+    }
+
+    /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
+    /// (closing a connection that holds it) and attaches this connection, the session's queue
+    /// now under `limits` (its listener's policies); returns it with the CONNACK to send
+    /// first. `Err` carries the CONNACK reason to refuse with. `now` is when the CONNECT
+    /// arrived.
+    pub fn connect(
+        &self,
+        c: &Connect,
+        limits: Arc<QueueLimits>,
+        now: Instant,
+    ) -> Result<Connected, ReasonCode> {
         let cfg = &self.config;
         let v5 = c.protocol.is_v5();
         let mut props = Properties::default();
@@ -85,7 +96,6 @@ impl Broker {
             }
         }
 
-        let limits = self.listener_limits.get(transport);
         let (session, session_present, old) = {
             let mut sessions = self.sessions.lock();
             let existing = sessions.get(&*client_id).map(|s| s.0.clone());

@@ -3,6 +3,7 @@
 //! goes out with the deliveries of the same turn and nothing waits for a second task.
 
 pub(crate) mod handover;
+pub mod in_process;
 pub(crate) mod inbound;
 mod receive_window;
 
@@ -19,11 +20,11 @@ use braid_proto::{
     ProtocolVersion, ReasonCode,
 };
 
-use crate::auth::{AclSeed, ConnectionAcl};
+use crate::auth::{AclSeed, ConnectionAcl, Identity};
 use crate::broker::{Accepted, Broker, Ending};
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
-use crate::session::{Session, SessionState, Transmit};
+use crate::session::{QueueLimits, Session, SessionState, Transmit};
 use crate::transport::Transport;
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
@@ -44,8 +45,8 @@ const LINGER_BYTES: u64 = 64 * 1024;
 /// credentials.
 pub async fn serve_verified<R, W>(
     broker: Arc<Broker>,
-    mut rd: R,
-    mut wr: W,
+    rd: R,
+    wr: W,
     peer: SocketAddr,
     transport: Transport,
     verified_username: Option<String>,
@@ -53,7 +54,27 @@ pub async fn serve_verified<R, W>(
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
-    let Some(start) = handshake(&broker, &mut rd, &mut wr, peer, transport, verified_username).await else {
+    let via = Via::Listener { transport, verified_username };
+    serve(broker, rd, wr, peer, via).await;
+}
+
+/// How a client reached the broker.
+#[derive(Debug)]
+pub(crate) enum Via {
+    /// Through `transport`'s listener; `verified_username`: a name the transport established.
+    Listener { transport: Transport, verified_username: Option<String> },
+    /// In process (a part of Braid such as a bridge, see [`in_process`]): not authenticated,
+    /// not restricted by the ACL, its session's queue under `limits`.
+    InProcess { name: String, limits: Arc<QueueLimits> },
+}
+
+/// Serves one client on `rd`/`wr`, however it came.
+async fn serve<R, W>(broker: Arc<Broker>, mut rd: R, mut wr: W, peer: SocketAddr, via: Via)
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let Some(start) = handshake(&broker, &mut rd, &mut wr, peer, via).await else {
         return;
     };
     let mut conn = Connection::new(&broker, &start.accepted, start.version, peer, start.out);
@@ -85,8 +106,7 @@ pub(crate) async fn handshake<R, W>(
     rd: &mut R,
     wr: &mut W,
     peer: SocketAddr,
-    transport: Transport,
-    verified_username: Option<String>,
+    via: Via,
 ) -> Option<Start>
 where
     R: AsyncRead + Unpin,
@@ -126,39 +146,46 @@ where
         Ok(Ok(c)) => c,
     };
     let version = connect.protocol;
-    let (accepted, connack, acl) =
-        match admit(broker, &connect, verified_username.as_deref(), peer, transport).await {
-            Ok(a) => a,
-            Err(reason) => {
-                Box::pin(refuse_lingering(rd, wr, version, reason)).await;
-                return None;
-            }
-        };
+    let (accepted, connack, acl) = match admit(broker, &connect, &via, peer).await {
+        Ok(a) => a,
+        Err(reason) => {
+            Box::pin(refuse_lingering(rd, wr, version, reason)).await;
+            return None;
+        }
+    };
     drop(connect);
     let mut out = BytesMut::new();
     let _ = encode(&Packet::ConnAck(connack), version, &mut out);
     Some(Start { accepted, version, out, rbuf, acl })
 }
 
-/// Authenticates a CONNECT (`verified_username`: a name the transport established), checks its
-/// will topic against the ACL and attaches the session (under the queue policies of
-/// `transport`'s listener), with a persistent session's deliveries read back from disk.
-/// Returns the attachment, its CONNACK and the client's authorization, or the reason to refuse
-/// with (logged here). Every transport's handshake goes through this.
+/// Authenticates a CONNECT that came `via` a listener or in process, checks its will topic
+/// against the ACL and attaches the session (under the queue policies of the listener, or
+/// those of the in-process client), with a persistent session's deliveries read back from
+/// disk. Returns the attachment, its CONNACK and the client's authorization, or the reason to
+/// refuse with (logged here). Every transport's handshake goes through this.
 pub(crate) async fn admit(
     broker: &Arc<Broker>,
     connect: &Connect,
-    verified_username: Option<&str>,
+    via: &Via,
     peer: SocketAddr,
-    transport: Transport,
 ) -> Result<(Accepted, ConnAck, Option<Box<AclSeed>>), ReasonCode> {
     let client_id = &connect.client_id;
-    let identity = match broker.security.authenticate(connect, verified_username).await {
-        Ok(identity) => identity,
-        Err(r) => {
-            info!(%peer, %client_id, "refusing CONNECT: {} ({})", r.detail, r.reason.description());
-            return Err(r.reason);
+    let (identity, limits) = match via {
+        Via::Listener { .. } if client_id.starts_with(in_process::RESERVED) => {
+            info!(%peer, %client_id, "refusing CONNECT: client ids under {:?} are Braid's own", in_process::RESERVED);
+            return Err(ReasonCode::ClientIdentifierNotValid);
         }
+        Via::Listener { transport, verified_username } => {
+            match broker.security.authenticate(connect, verified_username.as_deref()).await {
+                Ok(identity) => (identity, broker.listener_limits(*transport)),
+                Err(r) => {
+                    info!(%peer, %client_id, "refusing CONNECT: {} ({})", r.detail, r.reason.description());
+                    return Err(r.reason);
+                }
+            }
+        }
+        Via::InProcess { name, limits } => (Identity::unrestricted(name), limits.clone()),
     };
     let user = identity.username.clone();
     let acl = broker.security.seed(identity, client_id);
@@ -176,7 +203,7 @@ pub(crate) async fn admit(
     // A connection that holds this client's session first handles what it was already sent.
     crate::connection::handover::wait(broker, client_id).await;
     let (accepted, connack, restore) =
-        broker.connect(connect, transport, Instant::now()).inspect_err(|reason| {
+        broker.connect(connect, limits, Instant::now()).inspect_err(|reason| {
             info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
         })?;
     if let (Some(directory), false) = (broker.directory(), client_id.is_empty()) {

@@ -19,7 +19,7 @@ use super::pacer::Pacer;
 use super::stream::{self, StreamContext, StreamEnd, StreamOut};
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
-use crate::connection::{self, FirstPacket};
+use crate::connection::{self, FirstPacket, Via};
 use crate::message::StreamTag;
 use crate::session::Outbox;
 use crate::transport::Transport;
@@ -84,15 +84,21 @@ pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming, pacer:
         connect.properties.topic_alias_maximum = None;
     }
     let version = connect.protocol;
-    let (accepted, connack, acl) =
-        match connection::admit(&broker, &connect, None, peer, Transport::Quic).await {
-            Ok(a) => a,
-            Err(reason) => {
-                let Control { mut send, .. } = control;
-                connection::refuse(&mut send, version, reason).await;
-                return close_after(&conn, &send, reason, reason.description()).await;
-            }
-        };
+    let (accepted, connack, acl) = match connection::admit(
+        &broker,
+        &connect,
+        &Via::Listener { transport: Transport::Quic, verified_username: None },
+        peer,
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(reason) => {
+            let Control { mut send, .. } = control;
+            connection::refuse(&mut send, version, reason).await;
+            return close_after(&conn, &send, reason, reason.description()).await;
+        }
+    };
     drop(connect);
     let client_id = accepted.session.client_id.clone();
     let mut out = BytesMut::new();

@@ -19,7 +19,7 @@ use braid_proto::{ByteString, BytesMut, ProtocolVersion, ReadBuffer};
 
 use crate::auth::AclSeed;
 use crate::broker::{Accepted, Broker, Ending};
-use crate::connection::{handshake, Connection, Stop};
+use crate::connection::{handshake, Connection, Stop, Via};
 use crate::transport::tcp::park::{Parked, ParkingLot};
 use crate::transport::Transport;
 
@@ -32,7 +32,8 @@ pub async fn serve(
 ) {
     let start = {
         let (mut rd, mut wr) = stream.split();
-        handshake(&broker, &mut rd, &mut wr, peer, Transport::Tcp, None).await
+        let via = Via::Listener { transport: Transport::Tcp, verified_username: None };
+        handshake(&broker, &mut rd, &mut wr, peer, via).await
     };
     let Some(start) = start else { return };
     if let Some(lot) = &lot {

@@ -1,0 +1,219 @@
+//! The Kafka bridge (`[[bridges.kafka]]`): `out` takes MQTT messages through the bridge's
+//! outbox to a Kafka producer (idempotent, batched, compressed), `inbound` consumes Kafka
+//! topics in a consumer group and publishes their records in Braid, committing a record's
+//! offset only once Braid acknowledged it.
+
+mod inbound;
+mod out;
+
+use std::sync::Arc;
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tracing::{debug, info, warn};
+
+use braid_broker::config::{ConfigError, KafkaBridgeConfig};
+use braid_broker::Broker;
+use braid_proto::topic::valid_topic_filter;
+
+use crate::stats::{self, Stats};
+use crate::template::Template;
+
+/// What an `out` topic or key template may name (and `${1}`, `${2}`...: the topic's levels).
+const OUT_FIELDS: &[&str] = &["topic"];
+/// What an `in` MQTT topic template may name.
+const IN_FIELDS: &[&str] = &["key", "topic", "partition"];
+
+/// Checks every `[[bridges.kafka]]`: the error names the key, e.g.
+/// `bridges.kafka[0].out[1].topic`.
+pub(crate) fn check(bridges: &[KafkaBridgeConfig]) -> Result<(), ConfigError> {
+    for (i, b) in bridges.iter().enumerate() {
+        let key = |k: &str| format!("bridges.kafka[{i}].{k}");
+        let bad = |k: &str, problem: &dyn std::fmt::Display| Err(ConfigError::invalid(key(k), problem));
+        let name_ok = |s: &str| s.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
+        if b.name.is_empty() || b.name.len() > 64 || !name_ok(&b.name) {
+            return bad("name", &"required: at most 64 letters, digits, '-', '_' or '.'");
+        }
+        if bridges[..i].iter().any(|o| o.name == b.name) {
+            return bad("name", &format!("{:?} names two bridges", b.name));
+        }
+        if b.brokers.is_empty() || b.brokers.iter().any(|h| !h.contains(':')) {
+            return bad("brokers", &"required: Kafka bootstrap brokers as host:port");
+        }
+        if b.out.is_empty() && b.inbound.is_empty() {
+            return bad("out", &"a bridge needs at least one [[bridges.kafka.out]] or [[bridges.kafka.in]]");
+        }
+        if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&b.compression.as_str()) {
+            return bad("compression", &"must be none, gzip, snappy, lz4 or zstd");
+        }
+        if !["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"].contains(&b.security_protocol.as_str()) {
+            return bad("security_protocol", &"must be plaintext, ssl, sasl_plaintext or sasl_ssl");
+        }
+        let sasl = b.security_protocol.starts_with("sasl");
+        if sasl && !["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"].contains(&b.sasl_mechanism.as_str()) {
+            return bad(
+                "sasl_mechanism",
+                &"must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 with a sasl_ security_protocol",
+            );
+        }
+        if sasl && b.sasl_username.is_empty() {
+            return bad("sasl_username", &"required with a sasl_ security_protocol");
+        }
+        if b.cert_file.is_empty() != b.key_file.is_empty() {
+            return bad("cert_file", &"cert_file and key_file go together: set both or neither");
+        }
+        if b.max_record_bytes < 1000 {
+            return bad("max_record_bytes", &"must be at least 1000");
+        }
+        if b.max_queued_messages == 0 || b.max_queued_bytes == 0 {
+            return bad(
+                "max_queued_messages",
+                &"max_queued_messages and max_queued_bytes must be at least 1",
+            );
+        }
+        if b.delivery_timeout_ms < 1000 {
+            return bad("delivery_timeout_ms", &"must be at least 1000");
+        }
+        for (j, o) in b.out.iter().enumerate() {
+            let key = |k: &str| format!("out[{j}].{k}");
+            if !valid_topic_filter(&o.filter) {
+                return bad(&key("filter"), &format!("{:?} is not an MQTT topic filter", o.filter));
+            }
+            if o.qos > 2 {
+                return bad(&key("qos"), &"must be 0, 1 or 2");
+            }
+            match Template::parse(&o.topic, OUT_FIELDS, true) {
+                Ok(t) if t.is_empty() => {
+                    return bad(&key("topic"), &"required: the Kafka topic (a template)")
+                }
+                Ok(_) => {}
+                Err(e) => return bad(&key("topic"), &e),
+            }
+            if let Err(e) = Template::parse(&o.key, OUT_FIELDS, true) {
+                return bad(&key("key"), &e);
+            }
+        }
+        for (j, n) in b.inbound.iter().enumerate() {
+            let key = |k: &str| format!("in[{j}].{k}");
+            if n.topic.is_empty() {
+                return bad(&key("topic"), &"required: the Kafka topic to consume");
+            }
+            if n.qos > 2 {
+                return bad(&key("qos"), &"must be 0, 1 or 2");
+            }
+            match Template::parse(&n.mqtt_topic, IN_FIELDS, false) {
+                Ok(t) if t.is_empty() => {
+                    return bad(&key("mqtt_topic"), &"required: the MQTT topic (a template)")
+                }
+                Ok(_) => {}
+                Err(e) => return bad(&key("mqtt_topic"), &e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Starts bridge `config`'s directions and its `$SYS` topics.
+pub(crate) fn start(broker: &Arc<Broker>, config: KafkaBridgeConfig) {
+    let config = Arc::new(config);
+    let stats = Arc::new(Stats::default());
+    info!(bridge = %config.name, brokers = ?config.brokers, out = config.out.len(), r#in = config.inbound.len(), "kafka bridge starting");
+    tokio::spawn(stats::publish(broker.clone(), "kafka", config.name.clone(), stats.clone()));
+    if !config.out.is_empty() {
+        tokio::spawn(out::run(broker.clone(), config.clone(), stats.clone()));
+    }
+    if !config.inbound.is_empty() {
+        tokio::spawn(inbound::run(broker.clone(), config, stats));
+    }
+}
+
+/// The librdkafka settings common to the producer and the consumer of bridge `b`.
+fn client_config(b: &KafkaBridgeConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    let client_id = if b.client_id.is_empty() { format!("braid-{}", b.name) } else { b.client_id.clone() };
+    c.set("bootstrap.servers", b.brokers.join(","))
+        .set("client.id", client_id)
+        .set("security.protocol", &b.security_protocol)
+        .set_log_level(RDKafkaLogLevel::Warning);
+    if b.security_protocol.starts_with("sasl") {
+        c.set("sasl.mechanism", &b.sasl_mechanism)
+            .set("sasl.username", &b.sasl_username)
+            .set("sasl.password", &b.sasl_password);
+    }
+    for (key, value) in [
+        ("ssl.ca.location", &b.ca_file),
+        ("ssl.certificate.location", &b.cert_file),
+        ("ssl.key.location", &b.key_file),
+    ] {
+        if !value.is_empty() {
+            c.set(key, value);
+        }
+    }
+    c
+}
+
+/// Applies the bridge's own librdkafka `properties` last: they override Braid's settings.
+fn with_properties(mut c: ClientConfig, b: &KafkaBridgeConfig) -> ClientConfig {
+    for (key, value) in &b.properties {
+        c.set(key, value);
+    }
+    c
+}
+
+/// True for a produce error that resending the same record cannot cure: the record is dropped
+/// (logged and counted) instead of holding the outbox.
+fn permanent(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode::*;
+    let code = match e {
+        KafkaError::MessageProduction(code) => *code,
+        _ => return false,
+    };
+    matches!(
+        code,
+        MessageSizeTooLarge
+            | InvalidMessageSize
+            | InvalidMessage
+            | UnknownTopic
+            | UnknownTopicOrPartition
+            | InvalidTopic
+            | InvalidRecord
+            | TopicAuthorizationFailed
+            | MessageBatchTooLarge
+            | PolicyViolation
+    )
+}
+
+/// The librdkafka client's context: its logs and errors go to Braid's log, and whether the
+/// brokers answer to the bridge's state.
+#[derive(Debug)]
+struct Context {
+    bridge: String,
+    stats: Arc<Stats>,
+}
+
+impl ClientContext for Context {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning => warn!(bridge = %self.bridge, "kafka: {facility}: {message}"),
+            _ => debug!(bridge = %self.bridge, "kafka: {facility}: {message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
+            if self.stats.set_up(false) {
+                warn!(bridge = %self.bridge, "kafka: no broker reachable ({reason}); retrying, messages wait in the outbox");
+            }
+        } else {
+            debug!(bridge = %self.bridge, "kafka: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for Context {}

@@ -1,0 +1,75 @@
+//! Braid's bridges to other systems (see `docs/bridges.md`): Kafka in both directions.
+//!
+//! A bridge uses the broker as MQTT clients do, through in-process connections
+//! ([`braid_broker::connection::in_process`]): what it takes out of Braid, it takes through a
+//! persistent session subscribed to its filters, its **outbox**: queued, bounded and counted by
+//! the session queue policies, kept in the store like any persistent session's queue (so it
+//! survives a restart and `kill -9`), and acknowledged (PUBACK) only once the other side has
+//! the message; what it brings in, it publishes, and acknowledges to the other side only once
+//! Braid acknowledged the PUBLISH (durable under `store.durability = "sync"`).
+//!
+//! The rooms: `template` (topic and key templates), `stats` (counters and their `$SYS`
+//! topics), `kafka` (the Kafka bridge: `out` and `inbound`, behind the cargo feature `kafka`).
+
+#[cfg(feature = "kafka")]
+mod kafka;
+mod stats;
+pub mod template;
+
+use std::sync::Arc;
+
+use braid_broker::config::{Config, ConfigError};
+use braid_broker::connection::in_process;
+use braid_broker::session::QueueLimits;
+use braid_broker::Broker;
+use braid_client::{Client, ClientOptions, Connected, InMemory, ProtocolVersion, Transport};
+
+/// Checks the `[bridges]` settings that the configuration's own validation cannot (templates,
+/// names, a bridge kind this build lacks): the error names the key and the problem.
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    #[cfg(feature = "kafka")]
+    return kafka::check(&config.bridges.kafka);
+    #[cfg(not(feature = "kafka"))]
+    match config.bridges.kafka.is_empty() {
+        true => Ok(()),
+        false => Err(ConfigError::invalid(
+            "bridges.kafka",
+            "this braid was built without Kafka support (cargo feature `kafka` of braid-bridge)",
+        )),
+    }
+}
+
+/// Starts the configured bridges on `broker` (checked by [`check`]); they run until the broker
+/// shuts down. A bridge whose other side is away keeps trying, logs and counts; it never stops
+/// the broker.
+pub fn start(broker: &Arc<Broker>) {
+    #[cfg(feature = "kafka")]
+    for config in &broker.config.bridges.kafka {
+        kafka::start(broker, config.clone());
+    }
+    #[cfg(not(feature = "kafka"))]
+    let _ = broker;
+}
+
+/// Connects the in-process client `$internal/bridge/<id>` to `broker` with a persistent
+/// session (it never expires: an outbox keeps what it holds until it is delivered), its
+/// queue under `limits`, at most `window` messages in flight each way.
+pub(crate) async fn connect(
+    broker: &Arc<Broker>,
+    id: &str,
+    limits: Arc<QueueLimits>,
+    window: u16,
+) -> Result<(Client, Connected), braid_client::Error> {
+    let client_id = format!("{}bridge/{id}", in_process::RESERVED);
+    let (name, opener) = (id.to_string(), broker.clone());
+    let mut opts = ClientOptions::new("in-process", 0);
+    opts.transport =
+        Transport::InMemory(InMemory::new(move || Ok(in_process::connect(&opener, &name, limits.clone()))));
+    opts.version = ProtocolVersion::V5;
+    opts.client_id = client_id;
+    opts.clean_start = false;
+    opts.session_expiry = Some(u32::MAX);
+    opts.receive_maximum = window;
+    opts.max_inflight = window;
+    Client::connect(opts).await
+}
