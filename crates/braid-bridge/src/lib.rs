@@ -51,16 +51,19 @@ pub fn start(broker: &Arc<Broker>) {
     let _ = broker;
 }
 
-/// Connects the in-process client `$internal/bridge/<id>` to `broker` with a persistent
-/// session (it never expires: an outbox keeps what it holds until it is delivered), its
-/// queue under `limits`, at most `window` messages in flight each way.
+/// Connects the in-process client `$internal/bridge/<id>` (in a cluster `...@<node>`: each
+/// node bridges what is published on it, through an outbox of its own) to `broker` with a
+/// persistent session (it never expires: an outbox keeps what it holds until it is
+/// delivered), its queue under `limits`, at most `window` messages in flight each way.
 pub(crate) async fn connect(
     broker: &Arc<Broker>,
     id: &str,
     limits: Arc<QueueLimits>,
     window: u16,
 ) -> Result<(Client, Connected), braid_client::Error> {
-    let client_id = format!("{}bridge/{id}", in_process::RESERVED);
+    let cluster = &broker.config.cluster;
+    let node = if cluster.enabled { format!("@{}", cluster.node) } else { String::new() };
+    let client_id = format!("{}bridge/{id}{node}", in_process::RESERVED);
     let (name, opener) = (id.to_string(), broker.clone());
     let mut opts = ClientOptions::new("in-process", 0);
     opts.transport =

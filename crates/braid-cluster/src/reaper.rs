@@ -13,6 +13,7 @@ use redis::Value;
 use tracing::{info, warn};
 
 use braid_broker::broker::Broker;
+use braid_broker::session::IN_PROCESS;
 
 use crate::inbox::{self, create_group, read_group, Source, Taken, GROUP};
 use crate::membership::{self, GRACE};
@@ -100,7 +101,10 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
     let owned: Vec<String> =
         redis::cmd("SMEMBERS").arg(shared.keys.owned(node)).query_async(&mut conn).await?;
     let mut taken = Taken::default();
-    for client_id in &owned {
+    // An in-process client's session (a bridge's outbox) is its node's own: it waits in Redis
+    // for that node to come back instead of being taken in, where its filters would take
+    // this node's messages too.
+    for client_id in owned.iter().filter(|c| !c.starts_with(IN_PROCESS)) {
         let keys = shared.keys.session(client_id);
         let epoch: i64 = redis::cmd("EVAL")
             .arg(CLAIM_FROM)

@@ -2,7 +2,8 @@
 //! outbox is a persistent session, a message from outside is a PUBLISH), over an in-memory
 //! byte stream instead of a socket. Such a client is not authenticated and no ACL restricts
 //! it (its configuration is the operator's), its session's queue follows limits of its own,
-//! and its client id is under [`RESERVED`], which clients from the network may not use.
+//! its client id is under [`RESERVED`], which clients from the network may not use, and in a
+//! cluster its session is its node's own ([`crate::session::Session::node_local`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use crate::session::QueueLimits;
 
 /// The prefix of in-process clients' ids; a CONNECT from a listener with such an id is
 /// refused (0x85 Client Identifier not valid).
-pub const RESERVED: &str = "$internal/";
+pub const RESERVED: &str = crate::session::IN_PROCESS;
 
 /// Bytes the in-memory stream buffers each way.
 const BUFFER: usize = 256 * 1024;

@@ -93,11 +93,12 @@ impl Subscriber {
         }
     }
 
-    /// True if messages another node forwarded here go to it: a session, or a relay
-    /// (see [`RemoteSink::relays`]).
+    /// True if messages another node forwarded here go to it: a session (but for an
+    /// in-process client's, see [`Session::node_local`]), or a relay (see
+    /// [`RemoteSink::relays`]). Its filters are the ones announced to the other nodes.
     pub fn takes_forwarded(&self) -> bool {
         match self {
-            Subscriber::Session(_) => true,
+            Subscriber::Session(s) => !s.node_local(),
             Subscriber::Remote(r) => r.sink.relays(),
         }
     }

@@ -202,7 +202,9 @@ impl Router {
                 }
             }
             drop(st);
-            self.count_local(filter, group, true);
+            if !session.node_local() {
+                self.count_local(filter, group, true);
+            }
         }
         is_new
     }

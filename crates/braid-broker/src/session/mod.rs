@@ -41,7 +41,17 @@ pub struct Session {
     space: OnceBox<Notify>,
 }
 
+/// The prefix of the client ids of in-process clients (see
+/// [`crate::connection::in_process`]); no client from the network may use it.
+pub const IN_PROCESS: &str = "$internal/";
+
 impl Session {
+    /// True for the session of an in-process client: it is this node's own in a cluster (its
+    /// filters are not announced to the other nodes, and what they forward does not reach it).
+    pub fn node_local(&self) -> bool {
+        self.client_id.starts_with(IN_PROCESS)
+    }
+
     /// A new offline session.
     pub fn new(id: u64, client_id: ByteString, limits: Arc<QueueLimits>) -> Session {
         Session { id, client_id, state: Mutex::new(SessionState::new(limits)), space: OnceBox::new() }
