@@ -78,8 +78,14 @@ pub(crate) fn check(bridges: &[KafkaBridgeConfig]) -> Result<(), ConfigError> {
         }
         for (j, o) in b.out.iter().enumerate() {
             let key = |k: &str| format!("out[{j}].{k}");
-            if !valid_topic_filter(&o.filter) {
-                return bad(&key("filter"), &format!("{:?} is not an MQTT topic filter", o.filter));
+            if !valid_topic_filter(&o.filter)
+                || o.filter.starts_with("$share/")
+                || o.filter.starts_with("$queue/")
+            {
+                return bad(
+                    &key("filter"),
+                    &format!("{:?} is not an MQTT topic filter (shared ones are not needed)", o.filter),
+                );
             }
             if o.qos > 2 {
                 return bad(&key("qos"), &"must be 0, 1 or 2");

@@ -19,7 +19,10 @@ use tracing::{error, info, warn};
 use braid_broker::config::{KafkaBridgeConfig, KafkaOut, OverflowPolicy};
 use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
-use braid_client::{Client, Event, Properties, Publish, QoS, ReasonCode, SubscriptionOptions};
+use braid_client::{
+    Client, Event, Properties, Publish, QoS, ReasonCode, RetainHandling, SubscriptionOptions,
+};
+use braid_proto::topic::matches;
 
 use super::{client_config, permanent, with_properties, Context, OUT_FIELDS};
 use crate::stats::{bump, drop_one, Stats};
@@ -107,11 +110,12 @@ async fn session(
         Err(e) => return Ended::Retry(format!("cannot create the Kafka producer: {e}"), false),
     };
     let id = format!("kafka/{}/out", config.name);
-    let client = match crate::connect(broker, &id, limits.clone(), WINDOW).await {
-        Ok((client, _)) => client,
+    let (client, connected) = match crate::connect(broker, &id, limits.clone(), WINDOW).await {
+        Ok(c) => c,
         Err(e) => return Ended::Retry(format!("cannot open the outbox: {e}"), false),
     };
-    if let Err(why) = subscribe(&client, routes).await {
+    let client_id = connected.client_id.clone();
+    if let Err(why) = subscribe(broker, &client, &client_id, routes).await {
         let _ = client.disconnect(ReasonCode::Success).await;
         return Ended::Retry(why, false);
     }
@@ -158,13 +162,36 @@ async fn session(
     }
 }
 
-/// Subscribes the outbox to every route's filter, the route's index + 1 as Subscription
-/// Identifier.
-async fn subscribe(client: &Client, routes: &[Route]) -> Result<(), String> {
+/// Subscribes the outbox (`client_id`'s session) to every route's filter, the route's index
+/// + 1 as Subscription Identifier, and unsubscribes it from filters no route has any more (the
+/// configuration changed). Retained messages are not sent at subscribe: the bridge carries
+/// what is published.
+async fn subscribe(
+    broker: &Broker,
+    client: &Client,
+    client_id: &str,
+    routes: &[Route],
+) -> Result<(), String> {
+    let stale: Vec<String> = broker
+        .subscriptions_of(client_id)
+        .iter()
+        .filter(|f| !routes.iter().any(|r| r.filter == ***f))
+        .map(|f| f.to_string())
+        .collect();
+    if !stale.is_empty() {
+        info!(filters = ?stale, "kafka bridge out: the outbox leaves filters no route has any more");
+        if let Err(e) = client.unsubscribe(stale, Properties::default()).await {
+            return Err(format!("cannot unsubscribe the outbox from old filters: {e}"));
+        }
+    }
     for (i, r) in routes.iter().enumerate() {
         let mut props = Properties::default();
         props.subscription_identifiers = vec![i as u32 + 1];
-        let opts = SubscriptionOptions { qos: r.qos, ..Default::default() };
+        let opts = SubscriptionOptions {
+            qos: r.qos,
+            retain_handling: RetainHandling::DoNotSend,
+            ..Default::default()
+        };
         match client.subscribe(vec![(r.filter.clone(), opts)], props).await {
             Ok(codes) if codes.iter().all(|c| (*c as u8) < 0x80) => {}
             Ok(codes) => {
@@ -203,15 +230,18 @@ fn produce(
 ) -> Vec<Send> {
     let fields = TopicFields { topic: &p.topic };
     let headers = headers(p);
-    let matched = p.properties.subscription_identifiers.iter().filter_map(|id| routes.get(*id as usize - 1));
+    let drop = |why: String| {
+        if stats.may_log() {
+            warn!(bridge = %config.name, topic = %p.topic, "kafka bridge out: message dropped: {why} (counted in $SYS/bridges/kafka/{}/out/dropped)", config.name);
+        }
+        Send::Dropped
+    };
+    let matched = matched_routes(routes, p);
+    if matched.is_empty() {
+        return vec![drop("no out route's filter matches its topic any more".into())];
+    }
     let mut sends = Vec::new();
     for route in matched {
-        let drop = |why: String| {
-            if stats.may_log() {
-                warn!(bridge = %config.name, topic = %p.topic, "kafka bridge out: message dropped: {why} (counted in $SYS/bridges/kafka/{}/out/dropped)", config.name);
-            }
-            Send::Dropped
-        };
         let topic = match route.topic.fill(&fields) {
             Ok(t) if valid_kafka_topic(&t) => t,
             Ok(t) => {
@@ -258,6 +288,22 @@ fn produce(
         }
     }
     sends
+}
+
+/// The routes of `p`: those its Subscription Identifiers name whose filter matches its topic;
+/// if none (it was queued under routes since changed), every route whose filter matches.
+fn matched_routes<'a>(routes: &'a [Route], p: &Publish) -> Vec<&'a Route> {
+    let by_id: Vec<&Route> = p
+        .properties
+        .subscription_identifiers
+        .iter()
+        .filter_map(|id| routes.get((*id as usize).checked_sub(1)?))
+        .filter(|r| matches(&r.filter, &p.topic))
+        .collect();
+    match by_id.is_empty() {
+        false => by_id,
+        true => routes.iter().filter(|r| matches(&r.filter, &p.topic)).collect(),
+    }
 }
 
 /// Waits for every record of a message.
@@ -348,6 +394,46 @@ impl Fields for TopicFields<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn route(filter: &str, topic: &str) -> Route {
+        Route::new(&KafkaOut { filter: filter.into(), topic: topic.into(), ..KafkaOut::default() }).unwrap()
+    }
+
+    fn publish(topic: &str, ids: &[u32]) -> Publish {
+        let mut p = Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: topic.into(),
+            packet_id: 1,
+            properties: Properties::default(),
+            payload: Default::default(),
+        };
+        p.properties.subscription_identifiers = ids.to_vec();
+        p
+    }
+
+    #[test]
+    fn a_message_goes_by_its_subscription_identifiers_or_else_by_its_topic() {
+        let routes = [route("a/#", "ta"), route("a/b", "tb"), route("c/+", "tc")];
+        let topics = |p: &Publish| -> Vec<String> {
+            matched_routes(&routes, p).iter().map(|r| r.filter.clone()).collect()
+        };
+        assert_eq!(topics(&publish("a/b", &[2])), ["a/b"]);
+        assert_eq!(topics(&publish("a/b", &[1, 2])), ["a/#", "a/b"]);
+        // Identifiers of routes since changed: by topic.
+        assert_eq!(topics(&publish("c/x", &[1])), ["c/+"]);
+        assert_eq!(topics(&publish("c/x", &[9])), ["c/+"]);
+        assert!(topics(&publish("d", &[3])).is_empty());
+    }
+
+    #[test]
+    fn templates_make_topics_and_keys_from_levels() {
+        let r = route("plant/+/alarms", "alarms.${2}");
+        let fields = TopicFields { topic: "plant/p7/alarms" };
+        assert_eq!(r.topic.fill(&fields).unwrap(), "alarms.p7");
+        assert_eq!(r.key.fill(&fields).unwrap(), "plant/p7/alarms");
+    }
 
     #[test]
     fn kafka_topic_names() {

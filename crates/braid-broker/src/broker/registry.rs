@@ -159,6 +159,16 @@ impl Broker {
         self.sessions.lock().get(client_id).map(|s| s.0.id)
     }
 
+    /// The filters `client_id`'s session here subscribes to (`$share/{group}/` included);
+    /// empty if this broker holds no session of it.
+    pub fn subscriptions_of(&self, client_id: &str) -> Vec<ByteString> {
+        let Some(session) = self.sessions.lock().get(client_id).map(|s| s.0.clone()) else {
+            return Vec::new();
+        };
+        let filters = session.lock().subscriptions.iter().map(|(f, _)| f.clone()).collect();
+        filters
+    }
+
     /// True if this broker holds a session of `client_id` (connected or not).
     pub fn has_session(&self, client_id: &str) -> bool {
         self.sessions.lock().contains(client_id)
