@@ -9,6 +9,7 @@ Needs Java 17 and Kafka's jars from Maven Central (scripts/install-test-deps fet
         k.create_topic("t", partitions=3)
         k.produce("t", ["just a value", ("key", "value"), ("key", "value", {"h": "v"})])
         k.consume("t", 3, timeout=10)    # [Record(key=b'key', value=b'value', ...), ...]
+        k.group_offsets("g")             # what group g committed: {("t", 0): 3}
         k.stop(); time.sleep(20); k.start()   # same ports, same data
 
 Clients (`client=`): "plain" (PLAINTEXT, always there), and with sasl=True "sasl" (SCRAM-SHA-256)
@@ -255,6 +256,34 @@ class KafkaServer(ServiceProcess):
             raise KafkaError(f"the console consumer failed on {topic} ({r.returncode}):\n"
                              f"{r.stderr.decode(errors='replace')[-3000:]}{self._log_tail()}")
         return [self._parse(chunk) for chunk in r.stdout.split(_LINE_END.encode()) if chunk]
+
+    def group_offsets(self, group, client="plain", timeout=60):
+        """The offsets consumer group `group` has committed, as Kafka's kafka-consumer-groups tool
+        (ConsumerGroupCommand --describe --offsets) shows them: {(topic, partition): offset}, the
+        next offset the group reads; {} for a group Kafka does not know (yet). A partition the
+        group has not committed for is left out."""
+        props = os.path.join(self.dir, f"client-{client}.properties")
+        with open(props) as f:
+            bootstrap = next(line.split("=", 1)[1].strip() for line in f
+                             if line.startswith("bootstrap.servers="))
+        r = self._script("java", "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                         "--bootstrap-server", bootstrap, "--command-config", props,
+                         "--describe", "--offsets", "--group", group,
+                         "--timeout", str(int(timeout * 1000)), timeout=timeout + 30, check=False)
+        out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+        if "GroupIdNotFoundException" in out + err:
+            return {}
+        # The tool reports its failures on stdout ("Error: ...") and may still exit with 0.
+        if r.returncode != 0 or out.lstrip().startswith("Error"):
+            raise KafkaError(f"kafka-consumer-groups --describe --group {group} failed "
+                             f"({r.returncode}):\n{out[-2000:]}\n{err[-2000:]}{self._log_tail()}")
+        offsets = {}
+        for line in out.splitlines():
+            cols = line.split()
+            # GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID
+            if len(cols) >= 4 and cols[0] == group and cols[2].isdigit() and cols[3].isdigit():
+                offsets[(cols[1], int(cols[2]))] = int(cols[3])
+        return offsets
 
     @staticmethod
     def _parse(chunk):

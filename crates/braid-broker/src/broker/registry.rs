@@ -165,7 +165,7 @@ impl Broker {
         let Some(session) = self.sessions.lock().get(client_id).map(|s| s.0.clone()) else {
             return Vec::new();
         };
-        let filters = session.lock().subscriptions.iter().map(|(f, _)| f.clone()).collect();
+        let filters = session.lock().subscriptions.keys().cloned().collect();
         filters
     }
 
