@@ -162,9 +162,9 @@ async fn session(
     }
 }
 
-/// Subscribes the outbox (`client_id`'s session) to every route's filter, the route's index
-/// + 1 as Subscription Identifier, and unsubscribes it from filters no route has any more (the
-/// configuration changed). Retained messages are not sent at subscribe: the bridge carries
+/// Subscribes the outbox (`client_id`'s session) to every route's filter, with the route's
+/// position from 1 as Subscription Identifier, and unsubscribes it from filters no route has
+/// any more (the configuration changed). Retained messages are not sent at subscribe: the bridge carries
 /// what is published.
 async fn subscribe(
     broker: &Broker,
