@@ -14,7 +14,7 @@ use braid_broker::broker::Arrival;
 use braid_broker::harness::{ClientKey, Harness};
 use braid_broker::message::Message;
 use braid_broker::metrics::Metrics;
-use braid_broker::router::{FilterChange, Forward, RemoteSink, Scope};
+use braid_broker::router::{Confirm, Delivered, FilterChange, Forward, RemoteSink, Scope};
 use braid_broker::session::Enqueued;
 use braid_broker::Broker;
 use common::*;
@@ -27,12 +27,12 @@ struct Recorder {
 }
 
 impl RemoteSink for Recorder {
-    fn deliver(&self, fwd: Forward, _now: Instant) -> (Enqueued, u64) {
+    fn deliver(&self, fwd: Forward, _now: Instant) -> Delivered {
         if self.full.load(Ordering::Relaxed) {
-            return (Enqueued::DroppedFull, 0);
+            return Delivered { enqueued: Enqueued::DroppedFull, ticket: 0, confirm: None };
         }
         self.got.lock().unwrap().push((fwd.msg.topic.to_string(), fwd.msg.qos, fwd.scope));
-        (Enqueued::Queued, 0)
+        Delivered::queued(0)
     }
 
     fn can_accept(&self) -> bool {
@@ -205,4 +205,60 @@ fn the_filters_local_sessions_subscribe_to_are_reported_as_they_come_and_go() {
     assert_eq!(gone, [FilterChange::Removed("$share/g/y".into()), FilterChange::Removed("x/#".into())]);
     assert_eq!(numbers, [1, 2, 3, 4], "numbered in order");
     assert_eq!(b.filter_changes(), 4);
+}
+
+/// Confirms each message only when told, with the reason it is told.
+#[derive(Debug, Default)]
+struct Confirming {
+    pending: Mutex<Vec<tokio::sync::oneshot::Sender<ReasonCode>>>,
+}
+
+impl RemoteSink for Confirming {
+    fn deliver(&self, _fwd: Forward, _now: Instant) -> Delivered {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.pending.lock().unwrap().push(tx);
+        let word = async move { rx.await.unwrap_or(ReasonCode::UnspecifiedError) };
+        Delivered { confirm: Some(Confirm::new(word)), ..Delivered::queued(0) }
+    }
+}
+
+impl Confirming {
+    /// Confirms the oldest message not confirmed yet with `reason`.
+    fn confirm(&self, reason: ReasonCode) {
+        let tx = self.pending.lock().unwrap().remove(0);
+        let _ = tx.send(reason);
+    }
+}
+
+#[tokio::test]
+async fn a_publishers_acknowledgement_waits_for_a_remote_subscribers_confirmation_in_order() {
+    let b = start_default().await;
+    let sink = std::sync::Arc::new(Confirming::default());
+    let remote = b.broker.remote_sink(sink.clone());
+    assert_eq!(b.broker.subscribe_remote(&remote, "c/#", options(QoS::AtLeastOnce)), Ok(true));
+    let (mut p, _) = TestClient::connect_ok(b.addr, V5, connect_packet("confirm-pub", true)).await;
+    let mut first = publish("c/1", QoS::AtLeastOnce, "one");
+    first.packet_id = 1;
+    let mut second = publish("c/2", QoS::AtLeastOnce, "two");
+    second.packet_id = 2;
+    let mut elsewhere = publish("other", QoS::AtLeastOnce, "three");
+    elsewhere.packet_id = 3;
+    for m in [first, second, elsewhere] {
+        p.send(Packet::Publish(m)).await;
+    }
+    // Nothing is acknowledged while the first waits, not even what no remote takes: in order.
+    p.expect_nothing(QUIET).await;
+    sink.confirm(ReasonCode::UnspecifiedError);
+    match p.expect_packet().await {
+        Packet::PubAck(a) => assert_eq!((a.packet_id, a.reason), (1, ReasonCode::UnspecifiedError)),
+        other => panic!("expected PUBACK 1 with the failure, got {other:?}"),
+    }
+    p.expect_nothing(QUIET).await;
+    sink.confirm(ReasonCode::Success);
+    for id in [2, 3] {
+        match p.expect_packet().await {
+            Packet::PubAck(a) => assert_eq!((a.packet_id, a.reason), (id, ReasonCode::Success)),
+            other => panic!("expected PUBACK {id}, got {other:?}"),
+        }
+    }
 }

@@ -14,9 +14,7 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use braid_broker::broker::Broker;
-use braid_broker::router::{FilterChange, Forward, RemoteRef, RemoteSink};
-use braid_broker::session::Enqueued;
-use braid_broker::store::Ticket;
+use braid_broker::router::{Delivered, FilterChange, Forward, RemoteRef, RemoteSink};
 use braid_proto::{QoS, SubscriptionOptions};
 
 use crate::membership;
@@ -45,12 +43,12 @@ impl RemoteSink for NodeSink {
         !self.shared.gone.lock().contains(&self.node)
     }
 
-    fn deliver(&self, fwd: Forward, _now: Instant) -> (Enqueued, Ticket) {
+    fn deliver(&self, fwd: Forward, _now: Instant) -> Delivered {
         // A node's own `$SYS` values stay on it.
         if fwd.msg.origin == 0 && fwd.msg.topic.starts_with("$SYS/") {
-            return (Enqueued::Queued, 0);
+            return Delivered::queued(0);
         }
-        (Enqueued::Queued, self.shared.store.forward(&self.node, &self.shared.incarnation, &fwd, self.relay))
+        Delivered::queued(self.shared.store.forward(&self.node, &self.shared.incarnation, &fwd, self.relay))
     }
 }
 

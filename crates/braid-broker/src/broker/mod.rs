@@ -38,7 +38,7 @@ use crate::directory::Directory;
 use crate::limits::MemoryAlarm;
 use crate::metrics::Metrics;
 use crate::retained::Retained;
-use crate::router::Router;
+use crate::router::{Confirm, Router};
 use crate::session::{QueueLimits, Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
 use crate::transport::PerTransport;
@@ -112,6 +112,9 @@ pub struct Published {
     pub held: Vec<Holder>,
     /// The store ticket the acknowledgement waits for under sync durability (0: none).
     pub ticket: Ticket,
+    /// What the acknowledgement also waits for: remote subscribers' confirmations (see
+    /// [`crate::router::Confirm`]).
+    pub confirms: Vec<Confirm>,
 }
 
 /// How a message from another node came here, which decides who among the subscribers its

@@ -251,9 +251,10 @@ impl Broker {
         }
         let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         for (remote, scope) in remotes {
-            let (r, ticket) = remote.sink.deliver(Forward { msg: msg.clone(), scope, id }, now);
-            self.count_drop(r);
-            out.ticket = out.ticket.max(ticket);
+            let d = remote.sink.deliver(Forward { msg: msg.clone(), scope, id }, now);
+            self.count_drop(d.enqueued);
+            out.ticket = out.ticket.max(d.ticket);
+            out.confirms.extend(d.confirm);
         }
     }
 

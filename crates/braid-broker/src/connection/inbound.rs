@@ -19,6 +19,7 @@ use crate::directory::Waiting;
 use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
+use crate::router::Confirm;
 use crate::session::{Qos2Ids, Session};
 use crate::store::Ticket;
 
@@ -99,8 +100,25 @@ enum Deferred {
 
 /// Acknowledgements waiting for the store's group commit.
 struct Durable {
-    acks: VecDeque<(Ticket, Packet)>,
+    acks: VecDeque<WaitingAck>,
     synced: tokio::sync::watch::Receiver<Ticket>,
+}
+
+/// An acknowledgement that waits for its store ticket and its remote subscribers'
+/// confirmations.
+struct WaitingAck {
+    ticket: Ticket,
+    confirms: Vec<Confirm>,
+    ack: Packet,
+}
+
+/// A held PUBLISH's acknowledgement, released: what it still waits for (see
+/// [`Inbound::ack_confirmed`]).
+#[derive(Debug)]
+pub(crate) struct Released {
+    pub(crate) ack: Packet,
+    pub(crate) ticket: Ticket,
+    pub(crate) confirms: Vec<Confirm>,
 }
 
 impl<'a> Inbound<'a> {
@@ -433,11 +451,12 @@ impl<'a> Inbound<'a> {
         };
         let published = self.broker.publish(msg, now);
         ticket = ticket.max(published.ticket);
+        let confirms = published.confirms;
         if !published.held.is_empty() {
             Metrics::add(&self.broker.metrics.publishes_held, 1);
-            self.held = Some(Box::new(Held { ack, ticket, sessions: published.held, since: now }));
+            self.held = Some(Box::new(Held { ack, ticket, confirms, sessions: published.held, since: now }));
         } else if let Some(ack) = ack {
-            self.ack(ack, ticket, out);
+            self.ack_confirmed(ack, ticket, confirms, out);
         }
         // A QoS 1 PUBLISH whose PUBACK waits counts against Receive Maximum.
         if qos == QoS::AtLeastOnce
@@ -453,39 +472,63 @@ impl<'a> Inbound<'a> {
     /// disk: at once unless durability is sync and the group commit has not reached it yet.
     /// Acknowledgements keep their order (MQTT-4.6.0-2), so one behind a waiting one waits too.
     pub(crate) fn ack(&mut self, p: Packet, ticket: Ticket, out: &mut BytesMut) {
-        let store = &self.broker.store;
-        if let Some(d) = self.durable.as_deref_mut() {
-            if !d.acks.is_empty() || *d.synced.borrow() < ticket {
-                d.acks.push_back((ticket, p));
-                return;
-            }
-        } else if ticket > 0 && store.sync() && *store.durable().borrow() < ticket {
-            let synced = store.durable();
-            self.durable = Some(Box::new(Durable { acks: VecDeque::from([(ticket, p)]), synced }));
-            return;
-        }
-        send_ack(&mut self.window, self.version, &p, out);
+        self.ack_confirmed(p, ticket, Vec::new(), out);
     }
 
-    /// True while acknowledgements wait for the group commit.
+    /// Sends an acknowledgement as [`Inbound::ack`] does, once `confirms` (remote subscribers'
+    /// word that the other side has the message) have resolved too; one that failed gives a
+    /// v5 PUBACK / PUBREC its reason code.
+    pub(crate) fn ack_confirmed(
+        &mut self,
+        ack: Packet,
+        ticket: Ticket,
+        confirms: Vec<Confirm>,
+        out: &mut BytesMut,
+    ) {
+        let store = &self.broker.store;
+        // Under async durability an acknowledgement does not wait for the store.
+        let ticket = if store.sync() { ticket } else { 0 };
+        let durable = |d: Option<&Durable>| match d {
+            Some(d) => *d.synced.borrow(),
+            None => *store.durable().borrow(),
+        };
+        let waits = !confirms.is_empty() || (ticket > 0 && durable(self.durable.as_deref()) < ticket);
+        let waiting = WaitingAck { ticket, confirms, ack };
+        match self.durable.as_deref_mut() {
+            Some(d) if waits || !d.acks.is_empty() => d.acks.push_back(waiting),
+            None if waits => {
+                let synced = store.durable();
+                self.durable = Some(Box::new(Durable { acks: VecDeque::from([waiting]), synced }));
+            }
+            _ => send_ack(&mut self.window, self.version, &waiting.ack, out),
+        }
+    }
+
+    /// Acknowledges a PUBLISH that was held, once what it still waits for is done.
+    pub(crate) fn ack_released(&mut self, r: Released, out: &mut BytesMut) {
+        self.ack_confirmed(r.ack, r.ticket, r.confirms, out);
+    }
+
+    /// True while acknowledgements wait for the group commit or for confirmations.
     pub(crate) fn awaits_sync(&self) -> bool {
         self.durable.as_ref().is_some_and(|d| !d.acks.is_empty())
     }
 
-    /// Encodes the acknowledgements the group commit has made durable into `out`.
+    /// Encodes the acknowledgements the group commit has made durable, and whose
+    /// confirmations have come, into `out`.
     pub(crate) fn flush_synced(&mut self, out: &mut BytesMut) {
         let Some(d) = self.durable.as_deref_mut() else { return };
         let synced = *d.synced.borrow_and_update();
-        while d.acks.front().is_some_and(|(ticket, _)| *ticket <= synced) {
-            let Some((_, p)) = d.acks.pop_front() else { break };
-            send_ack(&mut self.window, self.version, &p, out);
+        while d.acks.front().is_some_and(|w| w.ticket <= synced && w.confirms.is_empty()) {
+            let Some(w) = d.acks.pop_front() else { break };
+            send_ack(&mut self.window, self.version, &w.ack, out);
         }
     }
 
     /// Waits for a held PUBLISH to be released (its subscriber queues drained) and returns its
     /// acknowledgement, for a pause to end or, while acknowledgements await the group commit,
     /// for the commit to move on (`None`: call [`Inbound::flush_synced`]). Cancel-safe.
-    pub(crate) async fn next_ack(&mut self) -> Option<(Packet, Ticket)> {
+    pub(crate) async fn next_ack(&mut self) -> Option<Released> {
         let timeout = Duration::from_secs(self.broker.config.session.slow_consumer_timeout_secs);
         let (held, durable, pause) = (&mut self.held, &mut self.durable, &mut self.pause);
         tokio::select! {
@@ -513,14 +556,17 @@ impl<'a> Inbound<'a> {
 /// away), then returns its acknowledgement (None for QoS 0) and ticket. A subscriber that
 /// paces it holds it until its pacing ends at the latest; one that holds it by backpressure
 /// past `slow_consumer` is disconnected. Cancel-safe; never resolves when nothing is held.
-async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> Option<(Packet, Ticket)> {
+async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> Option<Released> {
     let Some(h) = held.as_mut() else { return std::future::pending().await };
     while let Some(holder) = h.sessions.last() {
         released(holder, h.since, slow_consumer).await;
         h.sessions.pop();
     }
     match held.take() {
-        Some(h) => h.ack.map(|ack| (ack, h.ticket)),
+        Some(h) => {
+            let Held { ack, ticket, confirms, .. } = *h;
+            ack.map(|ack| Released { ack, ticket, confirms })
+        }
         None => std::future::pending().await,
     }
 }
@@ -552,13 +598,33 @@ async fn pause_ended(pause: &mut Option<Pause>, broker: &Broker) {
     *pause = None;
 }
 
-/// Waits until the group commit moves on while acknowledgements wait for it.
+/// Waits until the first waiting acknowledgement's confirmations have come, or, when it
+/// waits for none, until the group commit moves on. Cancel-safe.
 async fn commit_moved(durable: &mut Option<Box<Durable>>) {
     let Some(d) = durable.as_deref_mut().filter(|d| !d.acks.is_empty()) else {
         return std::future::pending().await;
     };
-    if d.synced.changed().await.is_err() {
-        std::future::pending().await
+    match d.acks.front_mut() {
+        Some(w) if !w.confirms.is_empty() => confirmed(w).await,
+        _ => {
+            if d.synced.changed().await.is_err() {
+                std::future::pending().await
+            }
+        }
+    }
+}
+
+/// Waits for `w`'s confirmations, each taken out once it resolved (so that a cancelled wait
+/// goes on where it stopped); a failed one sets the acknowledgement's reason code.
+async fn confirmed(w: &mut WaitingAck) {
+    while let Some(confirm) = w.confirms.last_mut() {
+        let reason = confirm.await;
+        w.confirms.pop();
+        if reason != ReasonCode::Success {
+            if let Packet::PubAck(a) | Packet::PubRec(a) = &mut w.ack {
+                a.reason = reason;
+            }
+        }
     }
 }
 
@@ -567,6 +633,7 @@ async fn commit_moved(durable: &mut Option<Box<Durable>>) {
 struct Held {
     ack: Option<Packet>,
     ticket: Ticket,
+    confirms: Vec<Confirm>,
     sessions: Vec<Holder>,
     since: Instant,
 }

@@ -237,7 +237,7 @@ enum Event {
     /// A write completed (0 bytes or an error ends the connection).
     Wrote(std::io::Result<usize>),
     /// The held acknowledgement may go out (once its store ticket is on disk).
-    Released((Packet, crate::store::Ticket)),
+    Released(inbound::Released),
     /// The group commit moved on: acknowledgements waiting for it may go out.
     Synced,
     /// A read completed (0 bytes is end of stream).
@@ -511,7 +511,7 @@ impl<'a> Connection<'a> {
                         }
                     }
                 }
-                Event::Released((ack, ticket)) => inbound.ack(ack, ticket, &mut self.out),
+                Event::Released(r) => inbound.ack_released(r, &mut self.out),
                 Event::Synced => inbound.flush_synced(&mut self.out),
                 Event::Read(Ok(n)) if n > 0 => {
                     a.ctl.touch(broker.clock_ms(now));

@@ -4,10 +4,14 @@
 //! behind it: a cluster or bridge crate implements it and subscribes with
 //! [`crate::broker::Broker::subscribe_remote`].
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use braid_proto::SubscriptionOptions;
+use braid_proto::{ReasonCode, SubscriptionOptions};
 
 use crate::message::{Message, StreamTag};
 use crate::session::{Enqueued, Session};
@@ -35,14 +39,59 @@ pub struct Forward {
     pub id: u64,
 }
 
+/// The other side's word on a message a remote subscriber took (a bridge that acknowledges a
+/// publisher only once the system it bridges to has the message): resolves to the reason code
+/// of the publisher's acknowledgement, Success or, for a v5 publisher, why it failed.
+pub struct Confirm(Pin<Box<dyn Future<Output = ReasonCode> + Send>>);
+
+impl Confirm {
+    /// A confirmation that `word` gives.
+    pub fn new(word: impl Future<Output = ReasonCode> + Send + 'static) -> Confirm {
+        Confirm(Box::pin(word))
+    }
+}
+
+impl Future for Confirm {
+    type Output = ReasonCode;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ReasonCode> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for Confirm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Confirm")
+    }
+}
+
+/// What a remote subscriber did with a message.
+#[derive(Debug)]
+pub struct Delivered {
+    /// Queued (taken) or dropped (counted by the broker), as a session's queue would say.
+    pub enqueued: Enqueued,
+    /// The store ticket the publisher's acknowledgement waits for under sync durability (0:
+    /// none), so that nothing is acknowledged before it is durable.
+    pub ticket: Ticket,
+    /// What the publisher's acknowledgement waits for besides (None for most).
+    pub confirm: Option<Confirm>,
+}
+
+impl Delivered {
+    /// Taken, its acknowledgement waiting for `ticket` only.
+    pub fn queued(ticket: Ticket) -> Delivered {
+        Delivered { enqueued: Enqueued::Queued, ticket, confirm: None }
+    }
+}
+
 /// A subscriber that is not a session of this broker.
 pub trait RemoteSink: Send + Sync + std::fmt::Debug {
     /// Takes `fwd`, routed at `now`, and says what became of it as a session's queue would:
-    /// queued (taken), or dropped (counted by the broker). Holding the publisher back is a
-    /// session's way only; a remote sink that cannot take more must queue (an outbox) or drop.
-    /// Also returns the store ticket the publisher's acknowledgement waits for under sync
-    /// durability (0: none), so that nothing is acknowledged before it is durable.
-    fn deliver(&self, fwd: Forward, now: Instant) -> (Enqueued, Ticket);
+    /// queued (taken), or dropped (counted by the broker); and what the publisher's
+    /// acknowledgement waits for. Holding the publisher back is a session's way only; a remote
+    /// sink that cannot take more must queue (an outbox), drop, or make the acknowledgement
+    /// wait (a [`Confirm`]).
+    fn deliver(&self, fwd: Forward, now: Instant) -> Delivered;
 
     /// True if it can take a delivery now: a shared group passes a member that cannot over
     /// for one that can.

@@ -252,8 +252,8 @@ pub(crate) async fn read(
             },
         };
         now = Instant::now();
-        if let Some((ack, ticket)) = ack {
-            inbound.ack(ack, ticket, &mut replies);
+        if let Some(r) = ack {
+            inbound.ack_released(r, &mut replies);
         }
     };
     if was_held {
