@@ -638,7 +638,8 @@ pub struct KafkaBridgeConfig {
     #[serde(deserialize_with = "one_or_many")]
     pub brokers: Vec<String>,
     /// When the MQTT publisher of a message bridged out is acknowledged: `log`, once the
-    /// message is in Braid's outbox (durable as any persistent session's queue).
+    /// message is in Braid's outbox (durable as any persistent session's queue); `kafka`, once
+    /// Kafka has it (no outbox).
     pub ack: KafkaAck,
     /// The Kafka `client.id`; empty: `braid-<name>`.
     pub client_id: String,
@@ -718,6 +719,8 @@ impl Default for KafkaBridgeConfig {
 pub enum KafkaAck {
     /// Once the message is in the bridge's outbox in Braid's store.
     Log,
+    /// Once Kafka acknowledged every record of the message (no outbox).
+    Kafka,
 }
 
 /// MQTT messages to bridge to Kafka (`[[bridges.kafka.out]]`).

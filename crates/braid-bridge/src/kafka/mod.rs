@@ -3,8 +3,10 @@
 //! topics in a consumer group and publishes their records in Braid, committing a record's
 //! offset only once Braid acknowledged it.
 
+mod confirmed;
 mod inbound;
 mod out;
+mod record;
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::{debug, info, warn};
 
-use braid_broker::config::{ConfigError, KafkaBridgeConfig};
+use braid_broker::config::{ConfigError, KafkaAck, KafkaBridgeConfig};
 use braid_broker::Broker;
 use braid_proto::topic::valid_topic_filter;
 
@@ -127,8 +129,10 @@ pub(crate) fn start(broker: &Arc<Broker>, config: KafkaBridgeConfig) {
     let stats = Arc::new(Stats::default());
     info!(bridge = %config.name, brokers = ?config.brokers, out = config.out.len(), r#in = config.inbound.len(), "kafka bridge starting");
     tokio::spawn(stats::publish(broker.clone(), "kafka", config.name.clone(), stats.clone()));
-    if !config.out.is_empty() {
-        tokio::spawn(out::run(broker.clone(), config.clone(), stats.clone()));
+    match config.ack {
+        _ if config.out.is_empty() => {}
+        KafkaAck::Log => drop(tokio::spawn(out::run(broker.clone(), config.clone(), stats.clone()))),
+        KafkaAck::Kafka => confirmed::start(broker, config.clone(), stats.clone()),
     }
     if !config.inbound.is_empty() {
         tokio::spawn(inbound::run(broker.clone(), config, stats));
@@ -142,6 +146,8 @@ fn client_config(b: &KafkaBridgeConfig) -> ClientConfig {
     c.set("bootstrap.servers", b.brokers.join(","))
         .set("client.id", client_id)
         .set("security.protocol", &b.security_protocol)
+        // Back within a second of Kafka's return (librdkafka's default waits up to 10 s).
+        .set("reconnect.backoff.max.ms", "1000")
         .set_log_level(RDKafkaLogLevel::Warning);
     if b.security_protocol.starts_with("sasl") {
         c.set("sasl.mechanism", &b.sasl_mechanism)
@@ -158,6 +164,18 @@ fn client_config(b: &KafkaBridgeConfig) -> ClientConfig {
         }
     }
     c
+}
+
+/// The producer's settings: idempotent (acks from all in-sync replicas, no duplicates or
+/// reordering from its own retries), batched, compressed.
+pub(crate) fn producer_config(c: &KafkaBridgeConfig) -> rdkafka::ClientConfig {
+    let mut p = client_config(c);
+    p.set("enable.idempotence", "true")
+        .set("compression.type", &c.compression)
+        .set("linger.ms", c.linger_ms.to_string())
+        .set("message.max.bytes", (c.max_record_bytes + 512).to_string())
+        .set("message.timeout.ms", c.delivery_timeout_ms.to_string());
+    with_properties(p, c)
 }
 
 /// Applies the bridge's own librdkafka `properties` last: they override Braid's settings.
@@ -202,6 +220,8 @@ struct Context {
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         match level {
+            // A broker connection that fails: said once per stretch by `error` (all brokers down).
+            _ if facility == "FAIL" => debug!(bridge = %self.bridge, "kafka: {facility}: {message}"),
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical

@@ -12,48 +12,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesOrdered, StreamExt};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use tracing::{error, info, warn};
 
-use braid_broker::config::{KafkaBridgeConfig, KafkaOut, OverflowPolicy};
+use braid_broker::config::{KafkaBridgeConfig, OverflowPolicy};
 use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
-use braid_client::{
-    Client, Event, Properties, Publish, QoS, ReasonCode, RetainHandling, SubscriptionOptions,
-};
-use braid_proto::topic::matches;
+use braid_client::{Client, Event, Properties, Publish, ReasonCode, RetainHandling, SubscriptionOptions};
 
-use super::{client_config, permanent, with_properties, Context, OUT_FIELDS};
+use super::record::{self, dropped, matched_routes, records, Route, Source};
+use super::{permanent, producer_config, Context};
 use crate::stats::{bump, drop_one, Stats};
-use crate::template::{BadTemplate, Fields, Template};
 
 /// Messages in flight between the outbox and Kafka.
 const WINDOW: u16 = 1024;
 /// The longest pause before the bridge connects again after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// One `[[bridges.kafka.out]]`, its templates parsed.
-#[derive(Debug)]
-struct Route {
-    filter: String,
-    qos: QoS,
-    topic: Template,
-    key: Template,
-}
-
-impl Route {
-    fn new(o: &KafkaOut) -> Result<Route, BadTemplate> {
-        let qos = match o.qos {
-            0 => QoS::AtMostOnce,
-            1 => QoS::AtLeastOnce,
-            _ => QoS::ExactlyOnce,
-        };
-        let topic = Template::parse(&o.topic, OUT_FIELDS, true)?;
-        let key = Template::parse(&o.key, OUT_FIELDS, true)?;
-        Ok(Route { filter: o.filter.clone(), qos, topic, key })
-    }
-}
 
 /// Why a session of the bridge ended.
 enum Ended {
@@ -64,8 +38,7 @@ enum Ended {
 
 /// Runs the bridge's `out` direction until the broker shuts down.
 pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, stats: Arc<Stats>) {
-    // Checked when the configuration loaded (`kafka::check`).
-    let routes = match config.out.iter().map(Route::new).collect::<Result<Vec<Route>, _>>() {
+    let routes = match record::routes(&config) {
         Ok(routes) => routes,
         Err(e) => return error!(bridge = %config.name, "kafka bridge out: {e}"),
     };
@@ -220,7 +193,7 @@ enum Send {
     Retry(String),
 }
 
-/// Hands `p`'s records (one per route whose Subscription Identifier it carries) to the producer.
+/// Hands `p`'s records (one per route it matches) to the producer.
 fn produce(
     producer: &FutureProducer<Context>,
     config: &KafkaBridgeConfig,
@@ -228,82 +201,31 @@ fn produce(
     p: &Publish,
     stats: &Stats,
 ) -> Vec<Send> {
-    let fields = TopicFields { topic: &p.topic };
-    let headers = headers(p);
-    let drop = |why: String| {
-        if stats.may_log() {
-            warn!(bridge = %config.name, topic = %p.topic, "kafka bridge out: message dropped: {why} (counted in $SYS/bridges/kafka/{}/out/dropped)", config.name);
-        }
-        Send::Dropped
-    };
     let matched = matched_routes(routes, p);
     if matched.is_empty() {
-        return vec![drop("no out route's filter matches its topic any more".into())];
+        dropped(config, stats, &p.topic, "no out route's filter matches its topic any more");
+        return vec![Send::Dropped];
     }
     let mut sends = Vec::new();
-    for route in matched {
-        let topic = match route.topic.fill(&fields) {
-            Ok(t) if valid_kafka_topic(&t) => t,
-            Ok(t) => {
-                sends.push(drop(format!("{t:?} is not a Kafka topic name")));
-                continue;
-            }
-            Err(placeholder) => {
-                sends.push(drop(format!(
-                    "the topic template of {:?} has no {placeholder} for it",
-                    route.filter
-                )));
-                continue;
-            }
-        };
-        let key = match route.key.is_empty() {
-            true => None,
-            false => match route.key.fill(&fields) {
-                Ok(k) => Some(k),
-                Err(placeholder) => {
-                    sends.push(drop(format!(
-                        "the key template of {:?} has no {placeholder} for it",
-                        route.filter
-                    )));
-                    continue;
-                }
-            },
-        };
-        let size = p.payload.len() + key.as_ref().map_or(0, |k| k.len()) + header_bytes(p);
-        if size > config.max_record_bytes {
-            sends.push(drop(format!("{size} bytes, over max_record_bytes ({})", config.max_record_bytes)));
-            continue;
-        }
-        let mut record = FutureRecord::to(&topic).payload(&p.payload[..]).headers(headers.clone());
-        if let Some(k) = &key {
-            record = record.key(k);
-        }
-        match producer.send_result(record) {
-            Ok(delivery) => {
+    for record in records(config, &matched, &Source::from(p)) {
+        let send = match record.map(|r| producer.send_result(r.future()).map_err(|(e, _)| e)) {
+            Ok(Ok(delivery)) => {
                 bump(&stats.in_flight);
-                sends.push(Send::Queued(delivery));
+                Send::Queued(delivery)
             }
-            Err((e, _)) if permanent(&e) => sends.push(drop(e.to_string())),
-            Err((e, _)) => sends.push(Send::Retry(format!("the producer refused a record: {e}"))),
-        }
+            Ok(Err(e)) if !permanent(&e) => Send::Retry(format!("the producer refused a record: {e}")),
+            Ok(Err(e)) => {
+                dropped(config, stats, &p.topic, &e.to_string());
+                Send::Dropped
+            }
+            Err(why) => {
+                dropped(config, stats, &p.topic, &why);
+                Send::Dropped
+            }
+        };
+        sends.push(send);
     }
     sends
-}
-
-/// The routes of `p`: those its Subscription Identifiers name whose filter matches its topic;
-/// if none (it was queued under routes since changed), every route whose filter matches.
-fn matched_routes<'a>(routes: &'a [Route], p: &Publish) -> Vec<&'a Route> {
-    let by_id: Vec<&Route> = p
-        .properties
-        .subscription_identifiers
-        .iter()
-        .filter_map(|id| routes.get((*id as usize).checked_sub(1)?))
-        .filter(|r| matches(&r.filter, &p.topic))
-        .collect();
-    match by_id.is_empty() {
-        false => by_id,
-        true => routes.iter().filter(|r| matches(&r.filter, &p.topic)).collect(),
-    }
 }
 
 /// Waits for every record of a message.
@@ -330,117 +252,4 @@ async fn finish(sends: Vec<Send>, stats: &Stats) -> Outcome {
         };
     }
     outcome
-}
-
-/// The producer's settings: idempotent (acks from all in-sync replicas, no duplicates or
-/// reordering from its own retries), batched, compressed.
-fn producer_config(c: &KafkaBridgeConfig) -> rdkafka::ClientConfig {
-    let mut p = client_config(c);
-    p.set("enable.idempotence", "true")
-        .set("compression.type", &c.compression)
-        .set("linger.ms", c.linger_ms.to_string())
-        .set("message.max.bytes", (c.max_record_bytes + 512).to_string())
-        .set("message.timeout.ms", c.delivery_timeout_ms.to_string());
-    with_properties(p, c)
-}
-
-/// The MQTT PUBLISH properties and flags as record headers: `mqtt.qos`, `mqtt.retain`,
-/// `mqtt.content_type` (if set), and each user property under its own name.
-fn headers(p: &Publish) -> OwnedHeaders {
-    let qos = (p.qos as u8).to_string();
-    let mut h =
-        OwnedHeaders::new().insert(Header { key: "mqtt.qos", value: Some(qos.as_bytes()) }).insert(Header {
-            key: "mqtt.retain",
-            value: Some(if p.retain { "true" } else { "false" }.as_bytes()),
-        });
-    if let Some(ct) = &p.properties.content_type {
-        h = h.insert(Header { key: "mqtt.content_type", value: Some(str::as_bytes(ct)) });
-    }
-    for (name, value) in &p.properties.user_properties {
-        h = h.insert(Header { key: name, value: Some(str::as_bytes(value)) });
-    }
-    h
-}
-
-/// About how many bytes [`headers`] adds to a record.
-fn header_bytes(p: &Publish) -> usize {
-    let user: usize = p.properties.user_properties.iter().map(|(n, v)| n.len() + v.len()).sum();
-    64 + p.properties.content_type.as_ref().map_or(0, |c| c.len()) + user
-}
-
-/// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
-fn valid_kafka_topic(t: &str) -> bool {
-    (1..=249).contains(&t.len())
-        && t != "."
-        && t != ".."
-        && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
-/// An MQTT topic as template fields: `${topic}` and its levels.
-struct TopicFields<'a> {
-    topic: &'a str,
-}
-
-impl Fields for TopicFields<'_> {
-    fn field(&self, name: &str) -> Option<&str> {
-        (name == "topic").then_some(self.topic)
-    }
-
-    fn level(&self, n: usize) -> Option<&str> {
-        self.topic.split('/').nth(n - 1)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn route(filter: &str, topic: &str) -> Route {
-        Route::new(&KafkaOut { filter: filter.into(), topic: topic.into(), ..KafkaOut::default() }).unwrap()
-    }
-
-    fn publish(topic: &str, ids: &[u32]) -> Publish {
-        let mut p = Publish {
-            dup: false,
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            topic: topic.into(),
-            packet_id: 1,
-            properties: Properties::default(),
-            payload: Default::default(),
-        };
-        p.properties.subscription_identifiers = ids.to_vec();
-        p
-    }
-
-    #[test]
-    fn a_message_goes_by_its_subscription_identifiers_or_else_by_its_topic() {
-        let routes = [route("a/#", "ta"), route("a/b", "tb"), route("c/+", "tc")];
-        let topics = |p: &Publish| -> Vec<String> {
-            matched_routes(&routes, p).iter().map(|r| r.filter.clone()).collect()
-        };
-        assert_eq!(topics(&publish("a/b", &[2])), ["a/b"]);
-        assert_eq!(topics(&publish("a/b", &[1, 2])), ["a/#", "a/b"]);
-        // Identifiers of routes since changed: by topic.
-        assert_eq!(topics(&publish("c/x", &[1])), ["c/+"]);
-        assert_eq!(topics(&publish("c/x", &[9])), ["c/+"]);
-        assert!(topics(&publish("d", &[3])).is_empty());
-    }
-
-    #[test]
-    fn templates_make_topics_and_keys_from_levels() {
-        let r = route("plant/+/alarms", "alarms.${2}");
-        let fields = TopicFields { topic: "plant/p7/alarms" };
-        assert_eq!(r.topic.fill(&fields).unwrap(), "alarms.p7");
-        assert_eq!(r.key.fill(&fields).unwrap(), "plant/p7/alarms");
-    }
-
-    #[test]
-    fn kafka_topic_names() {
-        assert!(valid_kafka_topic("mqtt.sensors_1-a"));
-        assert!(!valid_kafka_topic("sensors/kitchen"));
-        assert!(!valid_kafka_topic(".."));
-        assert!(!valid_kafka_topic(""));
-        assert!(!valid_kafka_topic(&"a".repeat(250)));
-    }
 }
