@@ -3,6 +3,7 @@
 The broker under test is Braid (`target/debug/braid serve`) unless BRAID_TEST_BROKER=mosquitto,
 which runs the same tests against Debian's Mosquitto to check that the tests themselves are right.
 """
+import json
 import os
 import socket
 import subprocess
@@ -89,13 +90,16 @@ class Broker:
 
 
 def toml_value(v):
+    """A Python value as a TOML value (strings with JSON's escapes, which TOML shares)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return str(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return '"' + str(v) + '"'
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(str(v))
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ impl RemoteSink for KafkaSink {
             match r {
                 Ok(record) => made.push(record),
                 Err(why) => {
-                    dropped(&self.config, &self.stats, &fwd.msg.topic, &why);
+                    dropped(&self.config.name, &self.stats, &fwd.msg.topic, &why);
                     reason = ReasonCode::UnspecifiedError;
                 }
             }
@@ -142,7 +142,7 @@ async fn produce_until_taken(
             Err((e, _)) => e,
         };
         if permanent(&failure) {
-            dropped(config, stats, topic, &failure.to_string());
+            dropped(&config.name, stats, topic, &failure.to_string());
             return false;
         }
         bump(&stats.failed);

@@ -105,11 +105,13 @@ async fn consume(
     stats: &Arc<Stats>,
 ) -> Option<String> {
     let context = Context { bridge: config.name.clone(), stats: stats.clone() };
-    let consumer: StreamConsumer<Context> = match consumer_config(config, group).create_with_context(context)
-    {
-        Ok(c) => c,
-        Err(e) => return Some(format!("cannot create the Kafka consumer: {e}")),
-    };
+    let cluster = &broker.config.cluster;
+    let node = if cluster.enabled { cluster.node.as_str() } else { "" };
+    let consumer: StreamConsumer<Context> =
+        match consumer_config(config, group, node).create_with_context(context) {
+            Ok(c) => c,
+            Err(e) => return Some(format!("cannot create the Kafka consumer: {e}")),
+        };
     let topics: Vec<&str> = routes.keys().map(String::as_str).collect();
     if let Err(e) = consumer.subscribe(&topics) {
         return Some(format!("cannot subscribe to {topics:?}: {e}"));
@@ -233,10 +235,18 @@ async fn publish(
 }
 
 /// The consumer's settings: offsets stored by the bridge once Braid has a record and
-/// committed every second; a new group starts at the topic's beginning.
-fn consumer_config(c: &KafkaBridgeConfig, group: &str) -> rdkafka::ClientConfig {
+/// committed every second; a new group starts at the topic's beginning. A static member of
+/// the group (`group.instance.id`, one per bridge, group and cluster `node`): a broker that
+/// restarts, even after `kill -9`, takes its partitions back at once instead of waiting for
+/// its old self's session to time out.
+fn consumer_config(c: &KafkaBridgeConfig, group: &str, node: &str) -> rdkafka::ClientConfig {
     let mut k = client_config(c);
+    let instance = match node {
+        "" => format!("braid-{}-{group}", c.name),
+        node => format!("braid-{}-{group}-{node}", c.name),
+    };
     k.set("group.id", group)
+        .set("group.instance.id", instance)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")
         .set("enable.auto.offset.store", "false")

@@ -108,6 +108,18 @@ pub(crate) fn check(bridges: &[KafkaBridgeConfig]) -> Result<(), ConfigError> {
             if n.topic.is_empty() {
                 return bad(&key("topic"), &"required: the Kafka topic to consume");
             }
+            if b.inbound[..j].iter().any(|o| o.topic == n.topic && o.group == n.group) {
+                return bad(
+                    &key("topic"),
+                    &format!("{:?} is consumed twice in one group: give one of them another group", n.topic),
+                );
+            }
+            if b.inbound[..j].iter().any(|o| o.topic == n.topic && o.group == n.group) {
+                return bad(
+                    &key("topic"),
+                    &format!("{:?} is consumed twice in one group: give one of them another group", n.topic),
+                );
+            }
             if n.qos > 2 {
                 return bad(&key("qos"), &"must be 0, 1 or 2");
             }

@@ -49,6 +49,7 @@ pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, sta
         overflow: config.queue_overflow,
         overflow_qos0: OverflowPolicy::DropNewest,
         qos0_pacing: Duration::ZERO,
+        adaptive: false,
     });
     let mut backoff = Duration::from_millis(200);
     loop {
@@ -99,8 +100,8 @@ async fn session(
             event = client.recv_unacked() => match event {
                 Some((Event::Message(p), received)) => {
                     let sends = produce(&producer, config, routes, &p, stats);
-                    let stats = stats.clone();
-                    pending.push_back(async move { (received, finish(sends, &stats).await) });
+                    let (stats, bridge) = (stats.clone(), config.name.clone());
+                    pending.push_back(async move { (received, finish(sends, &bridge, &stats, &p.topic).await) });
                 }
                 Some((Event::Disconnected(_), _)) | None => {
                     return match broker.shutdown.is_cancelled() {
@@ -119,7 +120,8 @@ async fn session(
                             info!(bridge = %config.name, "kafka bridge out: Kafka acknowledges records");
                         }
                     }
-                    Outcome::Dropped => bump(&stats.dropped),
+                    // Counted and logged when it was dropped.
+                    Outcome::Dropped => {}
                     Outcome::Retry(why) => {
                         stats.failed.fetch_add(1 + pending.len() as u64, std::sync::atomic::Ordering::Relaxed);
                         let _ = client.disconnect(ReasonCode::Success).await;
@@ -162,6 +164,7 @@ async fn subscribe(
         props.subscription_identifiers = vec![i as u32 + 1];
         let opts = SubscriptionOptions {
             qos: r.qos,
+            retain_as_published: true,
             retain_handling: RetainHandling::DoNotSend,
             ..Default::default()
         };
@@ -203,7 +206,7 @@ fn produce(
 ) -> Vec<Send> {
     let matched = matched_routes(routes, p);
     if matched.is_empty() {
-        dropped(config, stats, &p.topic, "no out route's filter matches its topic any more");
+        dropped(&config.name, stats, &p.topic, "no out route's filter matches its topic any more");
         return vec![Send::Dropped];
     }
     let mut sends = Vec::new();
@@ -215,11 +218,11 @@ fn produce(
             }
             Ok(Err(e)) if !permanent(&e) => Send::Retry(format!("the producer refused a record: {e}")),
             Ok(Err(e)) => {
-                dropped(config, stats, &p.topic, &e.to_string());
+                dropped(&config.name, stats, &p.topic, &e.to_string());
                 Send::Dropped
             }
             Err(why) => {
-                dropped(config, stats, &p.topic, &why);
+                dropped(&config.name, stats, &p.topic, &why);
                 Send::Dropped
             }
         };
@@ -228,15 +231,15 @@ fn produce(
     sends
 }
 
-/// Waits for every record of a message.
-async fn finish(sends: Vec<Send>, stats: &Stats) -> Outcome {
+/// Waits for every record of a message of `topic`.
+async fn finish(sends: Vec<Send>, bridge: &str, stats: &Stats, topic: &str) -> Outcome {
     let mut outcome = Outcome::Sent;
     for send in sends {
         let this = match send {
             Send::Queued(delivery) => match delivery.await.inspect(|_| drop_one(&stats.in_flight)) {
                 Ok(Ok(_)) => Outcome::Sent,
                 Ok(Err((e, _))) if permanent(&e) => {
-                    warn!("kafka bridge out: Kafka refused a record for good: {e}");
+                    dropped(bridge, stats, topic, &format!("Kafka refused its record: {e}"));
                     Outcome::Dropped
                 }
                 Ok(Err((e, _))) => Outcome::Retry(format!("Kafka did not take a record: {e}")),

@@ -148,11 +148,12 @@ pub(super) fn records(
     routes.iter().map(|r| record(r)).collect()
 }
 
-/// Counts and logs (at most once a second) a message of `topic` that is not bridged: `why`.
-pub(super) fn dropped(config: &KafkaBridgeConfig, stats: &Stats, topic: &str, why: &str) {
+/// Counts and logs (at most once a second) a message of `topic` that `bridge` does not bridge:
+/// `why`.
+pub(super) fn dropped(bridge: &str, stats: &Stats, topic: &str, why: &str) {
     bump(&stats.dropped);
     if stats.may_log() {
-        warn!(bridge = %config.name, %topic, "kafka bridge out: message dropped: {why} (counted in $SYS/bridges/kafka/{}/out/dropped)", config.name);
+        warn!(%bridge, %topic, "kafka bridge out: message dropped: {why} (counted in $SYS/bridges/kafka/{bridge}/out/dropped)");
     }
 }
 

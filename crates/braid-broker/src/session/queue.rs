@@ -25,6 +25,12 @@ pub struct QueueLimits {
     pub overflow_qos0: OverflowPolicy,
     /// How long a connected client that falls behind may pace QoS 0 publishers (zero: never).
     pub qos0_pacing: Duration,
+    /// The delivery window adapts to how fast the client acknowledges, and a backlog beyond it
+    /// holds publishers back, so that a slow client's messages wait in its queue rather than
+    /// in front of it (docs/flow-control.md). False for an outbox (a bridge's session), whose
+    /// client acknowledges at the pace of another system: its window is its Receive Maximum,
+    /// and its queue fills up to its limits before anything holds publishers.
+    pub adaptive: bool,
 }
 
 impl QueueLimits {
@@ -42,6 +48,7 @@ impl QueueLimits {
             overflow: policy.queue_overflow.unwrap_or(s.queue_overflow),
             overflow_qos0: policy.queue_overflow_qos0.unwrap_or(s.queue_overflow_qos0),
             qos0_pacing: Duration::from_millis(policy.qos0_pacing_ms.unwrap_or(s.qos0_pacing_ms)),
+            adaptive: true,
         }
     }
 }

@@ -291,7 +291,16 @@ impl SessionState {
     /// True while the attached client's queue holds more than its delivery window: the
     /// client is not keeping up, and more queued would only wait longer.
     fn over_backlog(&self) -> bool {
-        self.is_online() && self.queue.len() > self.inflight.adaptive().backlog_limit()
+        self.is_online() && self.queue.len() > self.backlog_limit()
+    }
+
+    /// Queued deliveries above which publishers are held back: the adaptive window's backlog
+    /// limit, or, for a queue that does not adapt, its own limit.
+    fn backlog_limit(&self) -> usize {
+        match self.queue.limits().adaptive {
+            true => self.inflight.adaptive().backlog_limit(),
+            false => self.queue.limits().max_messages,
+        }
     }
 
     /// Ticket of the session's latest change in the store (0 if it is not persisted).
@@ -390,7 +399,7 @@ impl SessionState {
         if self.held == 0 {
             return Release::None;
         }
-        let backlog = self.inflight.adaptive().backlog_limit();
+        let backlog = self.backlog_limit();
         let len = self.queue.len();
         if len == 0 {
             self.held = 0;
@@ -427,9 +436,13 @@ impl SessionState {
     }
 
     /// Unacknowledged QoS 1/2 deliveries the attached connection may have now: its Receive
-    /// Maximum (capped by config) and, within that, its adaptive window.
+    /// Maximum (capped by config) and, within that, its adaptive window (if its queue adapts).
     fn send_window(&self) -> usize {
-        self.link.as_ref().map_or(0, |l| l.window.min(self.inflight.adaptive().size()))
+        let adaptive = self.queue.limits().adaptive;
+        self.link.as_ref().map_or(0, |l| match adaptive {
+            true => l.window.min(self.inflight.adaptive().size()),
+            false => l.window,
+        })
     }
 
     /// True while the attached connection's window is in use up to its size.
