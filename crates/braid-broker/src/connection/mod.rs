@@ -172,8 +172,8 @@ pub(crate) async fn admit(
 ) -> Result<(Accepted, ConnAck, Option<Box<AclSeed>>), ReasonCode> {
     let client_id = &connect.client_id;
     let (identity, limits) = match via {
-        Via::Listener { .. } if client_id.starts_with(in_process::RESERVED) => {
-            info!(%peer, %client_id, "refusing CONNECT: client ids under {:?} are Braid's own", in_process::RESERVED);
+        Via::Listener { .. } if client_id.starts_with(crate::session::IN_PROCESS) => {
+            info!(%peer, %client_id, "refusing CONNECT: client ids under {:?} are Braid's own", crate::session::IN_PROCESS);
             return Err(ReasonCode::ClientIdentifierNotValid);
         }
         Via::Listener { transport, verified_username } => {
