@@ -19,6 +19,7 @@ What is checked is what a user sees:
   is away lose no acknowledged message (duplicates are counted and printed).
 * ack = "kafka": no PUBACK (nor PUBREC) while Kafka is stopped, every one once it is back, each
   message in Kafka once; a message Kafka can never take gets a v5 PUBACK 0x80.
+* A topic Kafka does not have (and does not create): dropped, logged and counted.
 * Unreachable Kafka at start, bad `[[bridges.kafka]]` configurations (exit status 2 naming the
   key), client ids under `$internal/` refused to network clients, SASL (SCRAM-SHA-256, PLAIN) and
   TLS towards Kafka.
@@ -816,3 +817,29 @@ def test_ack_kafka_puback_says_when_kafka_can_never_take_the_message(kafka, brid
     assert v5.publish(f"{uid}/ok", b"fine", qos=1, timeout=KAFKA_WAIT) == 0
     assert [r.value for r in _consume(kafka, ktopic, 1, braid=b)] == [b"fine"]
     sys.wait("out/dropped", "2", context=b.bridge_log())
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_kafka_topic_is_logged_and_counted_and_later_messages_flow(own_kafka, bridged, connect):
+    """A Kafka that does not create topics (auto.create.topics.enable=false): a message for a
+    topic Kafka does not have is acknowledged, dropped after the producer gives up on the topic
+    (topic.metadata.propagation.max.ms, 2 s here), logged and counted in out/dropped; a message
+    for a topic that exists is bridged as usual."""
+    k = own_kafka()
+    k.stop()
+    with open(os.path.join(k.dir, "server.properties"), "a") as f:
+        f.write("\nauto.create.topics.enable=false\n")
+    k.start()
+    uid = unique("nokt")
+    k.create_topic(f"there.{uid}")
+    b = bridged(dict(name=uid, brokers=k.bootstrap, properties={"topic.metadata.propagation.max.ms": "2000"},
+                     out=[dict(filter=f"{uid}/+", topic="${2}." + uid)]))
+    sys = BridgeSys(connect, b, uid)
+    pub = connect(b, protocol=MQTTv5)
+    assert pub.publish(f"{uid}/missing", b"nowhere", qos=1) == 0
+    sys.wait("out/dropped", "1", timeout=20, context=b.bridge_log())
+    assert pub.publish(f"{uid}/there", b"here", qos=1) == 0
+    assert [r.value for r in _consume(k, f"there.{uid}", 1, braid=b)] == [b"here"]
+    assert f"missing.{uid}" not in k.topics(), "Kafka created the topic after all"
+    assert any("message dropped" in line and "missing" in line for line in b.log_text().splitlines()), \
+        "no log line for the dropped message" + b.bridge_log()
