@@ -29,13 +29,13 @@ the tests that stop Kafka, and the SASL/TLS ones, run a node of their own.
 """
 import json
 import os
-import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import BRAID_BIN, Broker, free_port, toml_value, wait_for_port
+from bridgeutil import BridgedBraid, assert_refused
+from conftest import free_port, toml_value
 from helpers import (MQTTv311, MQTTv5, PacketTypes, RawClient, connack_return_code, mosquitto_pub,
                      unique, v5_properties, wait_until)
 from kafkaproc import KafkaServer
@@ -65,36 +65,6 @@ def bridge_toml(*bridges):
     return "\n".join(lines) + "\n"
 
 
-class BridgedBraid(Broker):
-    """`braid serve -c FILE` (a conftest Broker: host, port, data_dir, kill(), start(), stop(),
-    log_text()): `config` is the file's text; start() again runs on the same data directory."""
-
-    def __init__(self, config, directory, data_dir=None):
-        os.makedirs(directory, exist_ok=True)
-        self.config_file = os.path.join(directory, "braid.toml")
-        with open(self.config_file, "w") as f:
-            f.write(config)
-        data_dir = data_dir or os.path.join(directory, "data")
-        os.makedirs(data_dir, exist_ok=True)
-        super().__init__({}, data_dir)
-
-    def start(self):
-        cmd = [BRAID_BIN, "serve", "-c", self.config_file, "--listen", f"{self.host}:{self.port}",
-               "--set", f"store.data_dir={json.dumps(self.data_dir)}"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            wait_for_port(self.port, self.proc)
-        except RuntimeError as e:
-            self.stop()
-            raise AssertionError(f"{e}\n---- {self.log.name} ----\n{self.log_text()[-3000:]}") from None
-
-    def bridge_log(self, last=30):
-        """The log lines about the Kafka bridge (and every WARN/ERROR), for failure messages."""
-        lines = [line for line in self.log_text().splitlines()
-                 if "kafka" in line or "WARN" in line or "ERROR" in line]
-        return f"\n---- braid log ({self.log.name}), bridge lines ----\n" + "\n".join(lines[-last:])
-
-
 @pytest.fixture
 def bridged(tmp_path):
     """Factory: bridged(*bridges, data_dir=None) -> a running BridgedBraid whose configuration is
@@ -102,7 +72,7 @@ def bridged(tmp_path):
     started = []
 
     def make(*bridges, data_dir=None):
-        b = BridgedBraid(bridge_toml(*bridges), str(tmp_path / f"braid{len(started)}"), data_dir)
+        b = BridgedBraid(bridge_toml(*bridges), str(tmp_path / f"braid{len(started)}"), 'kafka', data_dir)
         started.append(b)
         return b
 
@@ -683,15 +653,7 @@ def test_bad_bridge_configuration_is_refused_naming_the_key(tmp_path, case):
     else:
         bridge, key = BAD_CONFIGS[case]
         text = bridge_toml(bridge)
-    conf = tmp_path / "braid.toml"
-    conf.write_text(text)
-    port = free_port()
-    proc = subprocess.run([BRAID_BIN, "serve", "-c", str(conf), "--listen", f"127.0.0.1:{port}",
-                           "--set", f"store.data_dir={json.dumps(str(tmp_path / 'data'))}"],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10)
-    assert proc.returncode == 2, f"exit status {proc.returncode}; stderr: {proc.stderr}\n{text}"
-    assert f"braid: invalid configuration: {key}" in proc.stderr, \
-        f"stderr does not name {key}: {proc.stderr!r}\n{text}"
+    assert_refused(tmp_path, text, key)
 
 
 def test_internal_client_ids_are_refused_to_network_clients(kafka, bridged, connect):

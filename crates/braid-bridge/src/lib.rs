@@ -1,4 +1,5 @@
-//! Braid's bridges to other systems (see `docs/bridges.md`): Kafka in both directions.
+//! Braid's bridges to other systems (see `docs/bridges.md`): Kafka and other MQTT brokers, in
+//! both directions.
 //!
 //! A bridge uses the broker as MQTT clients do, through in-process connections
 //! ([`braid_broker::connection::in_process`]): what it takes out of Braid, it takes through a
@@ -9,16 +10,18 @@
 //! Braid acknowledged the PUBLISH (durable under `store.durability = "sync"`).
 //!
 //! The rooms: `template` (topic and key templates), `stats` (counters and their `$SYS`
-//! topics), `kafka` (the Kafka bridge: `out` and `inbound`, behind the cargo feature `kafka`).
+//! topics), `kafka` (the Kafka bridge: `out` and `inbound`, behind the cargo feature `kafka`),
+//! `mqtt` (the MQTT bridge, `[[bridges.mqtt]]`).
 
 #[cfg(feature = "kafka")]
 mod kafka;
+mod mqtt;
 mod stats;
 pub mod template;
 
 use std::sync::Arc;
 
-use braid_broker::config::{Config, ConfigError};
+use braid_broker::config::{Config, ConfigError, OverflowPolicy};
 use braid_broker::connection::in_process;
 use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
@@ -28,15 +31,15 @@ use braid_client::{Client, ClientOptions, Connected, InMemory, ProtocolVersion, 
 /// names, a bridge kind this build lacks): the error names the key and the problem.
 pub fn check(config: &Config) -> Result<(), ConfigError> {
     #[cfg(feature = "kafka")]
-    return kafka::check(&config.bridges.kafka);
+    kafka::check(&config.bridges.kafka)?;
     #[cfg(not(feature = "kafka"))]
-    match config.bridges.kafka.is_empty() {
-        true => Ok(()),
-        false => Err(ConfigError::invalid(
+    if !config.bridges.kafka.is_empty() {
+        return Err(ConfigError::invalid(
             "bridges.kafka",
             "this braid was built without Kafka support (cargo feature `kafka` of braid-bridge)",
-        )),
+        ));
     }
+    mqtt::check(&config.bridges.mqtt)
 }
 
 /// Starts the configured bridges on `broker` (checked by [`check`]); they run until the broker
@@ -47,8 +50,9 @@ pub fn start(broker: &Arc<Broker>) {
     for config in &broker.config.bridges.kafka {
         kafka::start(broker, config.clone());
     }
-    #[cfg(not(feature = "kafka"))]
-    let _ = broker;
+    for config in &broker.config.bridges.mqtt {
+        mqtt::start(broker, config.clone());
+    }
 }
 
 /// Connects the in-process client `$internal/bridge/<id>` (in a cluster `...@<node>`: each
@@ -75,4 +79,38 @@ pub(crate) async fn connect(
     opts.receive_maximum = window;
     opts.max_inflight = window;
     Client::connect(opts).await
+}
+
+/// Checks the name of bridge `i` of `names` (every bridge of one kind, in order): `Err` with
+/// the problem if it is not 1 to 64 letters, digits, `-`, `_` or `.`, or an earlier bridge has
+/// it.
+pub(crate) fn check_name(names: &[&str], i: usize) -> Result<(), String> {
+    let name = names[i];
+    let name_ok = name.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
+    if name.is_empty() || name.len() > 64 || !name_ok {
+        return Err("required: at most 64 letters, digits, '-', '_' or '.'".into());
+    }
+    if names[..i].contains(&name) {
+        return Err(format!("{name:?} names two bridges"));
+    }
+    Ok(())
+}
+
+/// The queue limits of an outbox: it holds up to `max_messages` and `max_bytes` for the other
+/// side, does what `overflow` says when full, and neither adapts its window nor holds
+/// publishers as soon as it falls behind (see [`QueueLimits::adaptive`]).
+pub(crate) fn outbox_limits(
+    max_messages: usize,
+    max_bytes: usize,
+    overflow: OverflowPolicy,
+) -> Arc<QueueLimits> {
+    Arc::new(QueueLimits {
+        max_messages,
+        max_bytes,
+        queue_qos0: false,
+        overflow,
+        overflow_qos0: OverflowPolicy::DropNewest,
+        qos0_pacing: std::time::Duration::ZERO,
+        adaptive: false,
+    })
 }

@@ -625,6 +625,8 @@ impl Default for ClusterConfig {
 pub struct BridgesConfig {
     /// Bridges to Kafka (`[[bridges.kafka]]`).
     pub kafka: Vec<KafkaBridgeConfig>,
+    /// Bridges to other MQTT brokers (`[[bridges.mqtt]]`).
+    pub mqtt: Vec<MqttBridgeConfig>,
 }
 
 /// One bridge between Braid and a Kafka cluster (`[[bridges.kafka]]`).
@@ -769,6 +771,98 @@ impl Default for KafkaIn {
             qos: 1,
             retain: false,
             group: String::new(),
+        }
+    }
+}
+
+/// One bridge between Braid and another MQTT broker (`[[bridges.mqtt]]`), with Mosquitto's
+/// semantics and, where they exist, its names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttBridgeConfig {
+    /// The bridge's name: unique, in its `$SYS` topics, logs, its in-process client's id and
+    /// the default remote client id.
+    pub name: String,
+    /// The remote broker, `host:port` (`[v6 address]:port`); without a port, the transport's
+    /// usual one.
+    pub address: String,
+    /// `tcp`, `tls`, `ws`, `wss` or `quic`.
+    pub transport: String,
+    /// HTTP path of the remote's MQTT endpoint (`ws`, `wss`).
+    pub ws_path: String,
+    /// Mosquitto's `topic` lines: `pattern [[[ out | in | both ] qos] local-prefix remote-prefix]`,
+    /// `""` for an empty pattern or prefix.
+    #[serde(deserialize_with = "one_or_many")]
+    pub topic: Vec<String>,
+    /// `mqttv5` (or Mosquitto's `mqttv50`) or `mqttv311`.
+    pub protocol_version: String,
+    /// The remote client id; empty: `braid-<name>`. In a cluster `-<node>` is appended.
+    pub client_id: String,
+    /// Mosquitto's `cleansession`: false keeps the bridge's session (subscriptions, messages
+    /// in flight) on the remote across reconnects.
+    pub clean_start: bool,
+    /// Keep alive towards the remote, in seconds.
+    pub keep_alive: u16,
+    /// User name on the remote.
+    pub username: String,
+    /// Password on the remote.
+    pub password: String,
+    /// Publish `1` / `0` (retained) on `notification_topic` in Braid when the remote connects
+    /// / goes away.
+    pub notifications: bool,
+    /// Empty: `$SYS/broker/connection/<remote client id>/state`.
+    pub notification_topic: String,
+    /// Mosquitto's bridge flag in a 3.1.1 CONNECT; accepted, not sent (see `docs/bridges.md`).
+    pub try_private: bool,
+    /// PEM CA certificate(s) the remote's certificate must chain to (`tls`, `wss`, `quic`);
+    /// empty: the system's roots.
+    pub ca_file: String,
+    /// PEM client certificate for the remote (`tls`, `wss`); with `key_file`.
+    pub cert_file: String,
+    /// The client certificate's private key (PEM).
+    pub key_file: String,
+    /// Accept any certificate from the remote (self-signed test brokers only).
+    pub insecure: bool,
+    /// Longest pause between reconnect attempts, in seconds (Mosquitto's `restart_timeout`).
+    pub restart_timeout_secs: u64,
+    /// Messages the outbox holds for the remote while it is slow or away.
+    pub max_queued_messages: usize,
+    /// Bytes (topic plus payload) the outbox holds.
+    pub max_queued_bytes: usize,
+    /// What a full outbox does: `backpressure` (hold the publishers), `drop_newest` or
+    /// `drop_oldest`.
+    pub queue_overflow: OverflowPolicy,
+    /// QUIC only: a `topic` line's pattern -> the priority of its data stream (default 0;
+    /// higher first).
+    pub priorities: std::collections::BTreeMap<String, i32>,
+}
+
+impl Default for MqttBridgeConfig {
+    fn default() -> Self {
+        MqttBridgeConfig {
+            name: String::new(),
+            address: String::new(),
+            transport: "tcp".into(),
+            ws_path: "/mqtt".into(),
+            topic: Vec::new(),
+            protocol_version: "mqttv5".into(),
+            client_id: String::new(),
+            clean_start: false,
+            keep_alive: 60,
+            username: String::new(),
+            password: String::new(),
+            notifications: true,
+            notification_topic: String::new(),
+            try_private: true,
+            ca_file: String::new(),
+            cert_file: String::new(),
+            key_file: String::new(),
+            insecure: false,
+            restart_timeout_secs: 5,
+            max_queued_messages: 100_000,
+            max_queued_bytes: 64 * 1024 * 1024,
+            queue_overflow: OverflowPolicy::Backpressure,
+            priorities: Default::default(),
         }
     }
 }

@@ -31,15 +31,12 @@ const IN_FIELDS: &[&str] = &["key", "topic", "partition"];
 /// Checks every `[[bridges.kafka]]`: the error names the key, e.g.
 /// `bridges.kafka[0].out[1].topic`.
 pub(crate) fn check(bridges: &[KafkaBridgeConfig]) -> Result<(), ConfigError> {
+    let names: Vec<&str> = bridges.iter().map(|b| b.name.as_str()).collect();
     for (i, b) in bridges.iter().enumerate() {
         let key = |k: &str| format!("bridges.kafka[{i}].{k}");
         let bad = |k: &str, problem: &dyn std::fmt::Display| Err(ConfigError::invalid(key(k), problem));
-        let name_ok = |s: &str| s.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
-        if b.name.is_empty() || b.name.len() > 64 || !name_ok(&b.name) {
-            return bad("name", &"required: at most 64 letters, digits, '-', '_' or '.'");
-        }
-        if bridges[..i].iter().any(|o| o.name == b.name) {
-            return bad("name", &format!("{:?} names two bridges", b.name));
+        if let Err(problem) = crate::check_name(&names, i) {
+            return bad("name", &problem);
         }
         if b.brokers.is_empty() || b.brokers.iter().any(|h| !h.contains(':')) {
             return bad("brokers", &"required: Kafka bootstrap brokers as host:port");

@@ -15,7 +15,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use rdkafka::producer::FutureProducer;
 use tracing::{error, info, warn};
 
-use braid_broker::config::{KafkaBridgeConfig, OverflowPolicy};
+use braid_broker::config::KafkaBridgeConfig;
 use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
 use braid_client::{Client, Event, Properties, Publish, ReasonCode, RetainHandling, SubscriptionOptions};
@@ -42,15 +42,8 @@ pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, sta
         Ok(routes) => routes,
         Err(e) => return error!(bridge = %config.name, "kafka bridge out: {e}"),
     };
-    let limits = Arc::new(QueueLimits {
-        max_messages: config.max_queued_messages,
-        max_bytes: config.max_queued_bytes,
-        queue_qos0: false,
-        overflow: config.queue_overflow,
-        overflow_qos0: OverflowPolicy::DropNewest,
-        qos0_pacing: Duration::ZERO,
-        adaptive: false,
-    });
+    let limits =
+        crate::outbox_limits(config.max_queued_messages, config.max_queued_bytes, config.queue_overflow);
     let mut backoff = Duration::from_millis(200);
     loop {
         let ended = session(&broker, &config, &routes, &limits, &stats).await;
