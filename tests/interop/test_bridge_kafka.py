@@ -541,7 +541,10 @@ def test_kafka_stopped_20s_mid_stream_loses_no_acknowledged_message(own_kafka, b
     finally:
         stream.stop()
     during = set(sys.values("state", since=stopping + 2, until=back))
+    queued = [int(v) for v in sys.values("out/queued", since=stopping + 2, until=back)]
     _settle(sys, len(stream.acked), timeout=60)
+    assert queued and max(queued) > 0, f"out/queued during the outage: {queued}{b.bridge_log()}"
+    sys.wait("out/queued", "0", context=" once Kafka is back")
 
     figures, dups = _check_all_arrived(k, ktopic, stream.acked, b, "Kafka stopped for 20 s")
     slowest = max(w for _, w in stream.waits)

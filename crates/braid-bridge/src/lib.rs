@@ -65,9 +65,7 @@ pub(crate) async fn connect(
     limits: Arc<QueueLimits>,
     window: u16,
 ) -> Result<(Client, Connected), braid_client::Error> {
-    let cluster = &broker.config.cluster;
-    let node = if cluster.enabled { format!("@{}", cluster.node) } else { String::new() };
-    let client_id = format!("{}bridge/{id}{node}", in_process::RESERVED);
+    let client_id = client_id(broker, id);
     let (name, opener) = (id.to_string(), broker.clone());
     let mut opts = ClientOptions::new("in-process", 0);
     opts.transport =
@@ -79,6 +77,14 @@ pub(crate) async fn connect(
     opts.receive_maximum = window;
     opts.max_inflight = window;
     Client::connect(opts).await
+}
+
+/// The client id of the in-process client `id` of a bridge: `$internal/bridge/<id>`, with
+/// `@<node>` in a cluster.
+pub(crate) fn client_id(broker: &Broker, id: &str) -> String {
+    let cluster = &broker.config.cluster;
+    let node = if cluster.enabled { format!("@{}", cluster.node) } else { String::new() };
+    format!("{}bridge/{id}{node}", in_process::RESERVED)
 }
 
 /// Checks the name of bridge `i` of `names` (every bridge of one kind, in order): `Err` with

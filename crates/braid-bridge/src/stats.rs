@@ -70,8 +70,15 @@ impl Stats {
 }
 
 /// Publishes `stats` under `$SYS/bridges/<kind>/<name>/` until the broker shuts down (not at
-/// all if `sys.interval_secs` is 0).
-pub(crate) async fn publish(broker: Arc<Broker>, kind: &'static str, name: String, stats: Arc<Stats>) {
+/// all if `sys.interval_secs` is 0), with `out/queued`, what the session of `outbox` (a client
+/// id) holds, if the bridge has one.
+pub(crate) async fn publish(
+    broker: Arc<Broker>,
+    kind: &'static str,
+    name: String,
+    stats: Arc<Stats>,
+    outbox: Option<String>,
+) {
     let secs = broker.config.sys.interval_secs;
     if secs == 0 {
         return;
@@ -93,7 +100,8 @@ pub(crate) async fn publish(broker: Arc<Broker>, kind: &'static str, name: Strin
             ("in/received", get(&stats.received)),
             ("in/skipped", get(&stats.skipped)),
         ];
-        for (topic, value) in values {
+        let queued = outbox.as_deref().map(|o| ("out/queued", broker.held_for(o).unwrap_or(0).to_string()));
+        for (topic, value) in values.into_iter().chain(queued) {
             let topic = ByteString::from(format!("$SYS/bridges/{kind}/{name}/{topic}"));
             let _ = broker.publish(Message::internal(topic, Bytes::from(value), true), Instant::now());
         }

@@ -137,7 +137,9 @@ pub(crate) fn start(broker: &Arc<Broker>, config: KafkaBridgeConfig) {
     let config = Arc::new(config);
     let stats = Arc::new(Stats::default());
     info!(bridge = %config.name, brokers = ?config.brokers, out = config.out.len(), r#in = config.inbound.len(), "kafka bridge starting");
-    tokio::spawn(stats::publish(broker.clone(), "kafka", config.name.clone(), stats.clone()));
+    let outbox = (config.ack == KafkaAck::Log && !config.out.is_empty())
+        .then(|| crate::client_id(broker, &out::outbox_id(&config.name)));
+    tokio::spawn(stats::publish(broker.clone(), "kafka", config.name.clone(), stats.clone(), outbox));
     match config.ack {
         _ if config.out.is_empty() => {}
         KafkaAck::Log => drop(tokio::spawn(out::run(broker.clone(), config.clone(), stats.clone()))),

@@ -29,6 +29,11 @@ const WINDOW: u16 = 1024;
 /// The longest pause before the bridge connects again after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The id of bridge `name`'s outbox among the bridges' in-process clients.
+pub(super) fn outbox_id(name: &str) -> String {
+    format!("kafka/{name}/out")
+}
+
 /// Why a session of the bridge ended.
 enum Ended {
     Shutdown,
@@ -76,7 +81,7 @@ async fn session(
         Ok(p) => p,
         Err(e) => return Ended::Retry(format!("cannot create the Kafka producer: {e}"), false),
     };
-    let id = format!("kafka/{}/out", config.name);
+    let id = outbox_id(&config.name);
     let (client, connected) = match crate::connect(broker, &id, limits.clone(), WINDOW).await {
         Ok(c) => c,
         Err(e) => return Ended::Retry(format!("cannot open the outbox: {e}"), false),

@@ -149,7 +149,8 @@ pub(crate) fn start(broker: &Arc<Broker>, config: MqttBridgeConfig) {
     let stats = Arc::new(Stats::default());
     info!(bridge = %config.name, address = %config.address, transport = %config.transport, remote_client_id = %remote_id, lines = lines.len(), "mqtt bridge starting");
     say_about_loops(&config, &lines);
-    tokio::spawn(stats::publish(broker.clone(), "mqtt", config.name.clone(), stats.clone()));
+    let outbox = crate::client_id(broker, &session::local_id(&config.name));
+    tokio::spawn(stats::publish(broker.clone(), "mqtt", config.name.clone(), stats.clone(), Some(outbox)));
     let bridge = Bridge {
         broker: broker.clone(),
         config,

@@ -46,6 +46,11 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A session that lasted this long starts the next one after the first pause again.
 const STEADY: Duration = Duration::from_secs(30);
 
+/// The id of bridge `name`'s client in Braid among the bridges' in-process clients.
+pub(super) fn local_id(name: &str) -> String {
+    format!("mqtt/{name}")
+}
+
 /// Why a session ended.
 enum Ended {
     Shutdown,
@@ -78,7 +83,7 @@ async fn session(b: &Arc<Bridge>) -> Ended {
     if b.broker.shutdown.is_cancelled() {
         return Ended::Shutdown;
     }
-    let id = format!("mqtt/{}", b.config.name);
+    let id = local_id(&b.config.name);
     let (local, connected) = match crate::connect(&b.broker, &id, b.limits.clone(), WINDOW).await {
         Ok(c) => c,
         Err(e) => return Ended::Retry(format!("cannot open the bridge's session in Braid: {e}")),

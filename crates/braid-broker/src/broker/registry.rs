@@ -169,6 +169,16 @@ impl Broker {
         filters
     }
 
+    /// How many deliveries `client_id`'s session here holds for its client: queued, in flight,
+    /// and, while it is offline, waiting in the store; None if this broker holds no session of
+    /// it.
+    pub fn held_for(&self, client_id: &str) -> Option<usize> {
+        let session = self.sessions.lock().get(client_id).map(|s| s.0.clone())?;
+        let st = session.lock();
+        let stored = st.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
+        Some(st.queue.len() + st.inflight.len() + stored)
+    }
+
     /// True if this broker holds a session of `client_id` (connected or not).
     pub fn has_session(&self, client_id: &str) -> bool {
         self.sessions.lock().contains(client_id)
