@@ -134,10 +134,10 @@ pub struct Delivery {
     pub group: Option<Arc<str>>,
 }
 
-#[cfg(test)]
 impl Delivery {
-    /// A delivery of `msg` at `qos`, nothing else set.
-    pub(crate) fn of(msg: Arc<Message>, qos: QoS) -> Delivery {
+    /// A delivery of `msg` at `qos`, nothing else set (for tests, here and in the crates
+    /// built on this one).
+    pub fn of(msg: Arc<Message>, qos: QoS) -> Delivery {
         Delivery {
             msg,
             qos,

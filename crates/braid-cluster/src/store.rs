@@ -620,3 +620,69 @@ pub(crate) fn read_session(
         .collect();
     Ok(Some(RecoveredSession { record, next_seq, queued: sizes, incoming_qos2, held_remote, shared }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_broker::message::Message;
+    use braid_proto::{ByteString, Bytes, QoS};
+
+    /// A delivery, to session 7 of client "c", of a message another node forwarded as `id`.
+    fn remote_delivery(id: &RemoteId) -> Delivery {
+        let msg = Message::internal(ByteString::from_static("t"), Bytes::from_static(b"x"), false);
+        let msg = Arc::new(Message { remote_id: Some(id.clone()), ..(*msg).clone() });
+        Delivery::of(msg, QoS::AtLeastOnce)
+    }
+
+    /// The jobs submitted to the writer so far: (writes, loads with the sequence numbers they
+    /// leave out).
+    fn jobs(writer: &mut Writer) -> (usize, Vec<Vec<u64>>) {
+        let (mut writes, mut loads) = (0, Vec::new());
+        while let Ok(job) = writer.rx.try_recv() {
+            match job {
+                Job::Write { reply: Reply::Load(_, finished), .. } => loads.push(finished),
+                Job::Write { .. } => writes += 1,
+                _ => {}
+            }
+        }
+        (writes, loads)
+    }
+
+    #[test]
+    fn a_finished_delivery_stays_in_redis_until_its_inbox_entry_is_acknowledged() {
+        let (store, mut writer) = RedisStore::new(Keys::new("t"), Vec::new(), 16);
+        store.set_epoch("c", 1);
+        store.bind(7, "c");
+        let id = RemoteId { sender: "n2@1".into(), number: 5 };
+        store.routing(&id);
+        store.submit(Op::Append { session: 7, seq: 1, delivery: remote_delivery(&id) });
+        assert_eq!(jobs(&mut writer).0, 1, "the append is written at once");
+        store.submit(Op::Done { session: 7, seq: 1 });
+        assert_eq!(jobs(&mut writer).0, 0, "the removal waits for the inbox acknowledgement");
+        let (tx, _rx) = oneshot::channel();
+        store.submit(Op::Load { session: 7, reply: tx });
+        assert_eq!(jobs(&mut writer).1, [vec![1]], "a read-back leaves the finished delivery out");
+        store.acknowledged(std::slice::from_ref(&id));
+        assert_eq!(jobs(&mut writer).0, 1, "acknowledged: the removal is written");
+        // A message whose entry is acknowledged already is removed at once.
+        store.submit(Op::Append { session: 7, seq: 2, delivery: remote_delivery(&id) });
+        store.submit(Op::Done { session: 7, seq: 2 });
+        assert_eq!(jobs(&mut writer).0, 2);
+    }
+
+    #[test]
+    fn a_session_handed_over_has_its_waiting_removals_written_first() {
+        let (store, mut writer) = RedisStore::new(Keys::new("t"), Vec::new(), 16);
+        store.set_epoch("c", 1);
+        store.bind(7, "c");
+        let id = RemoteId { sender: "n2@1".into(), number: 9 };
+        store.routing(&id);
+        store.submit(Op::Append { session: 7, seq: 1, delivery: remote_delivery(&id) });
+        store.submit(Op::Done { session: 7, seq: 1 });
+        assert_eq!(jobs(&mut writer).0, 1);
+        assert!(store.finish_waiting("c") > 0);
+        assert_eq!(jobs(&mut writer).0, 1, "the waiting removal is written");
+        store.acknowledged(&[id]);
+        assert_eq!(jobs(&mut writer).0, 0, "and not written twice");
+    }
+}
