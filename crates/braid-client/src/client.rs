@@ -251,8 +251,8 @@ impl Client {
     /// The next event, as [`Client::recv`], but a QoS 1/2 message is not acknowledged yet:
     /// the application sends its PUBACK (QoS 2: PUBREC) with [`Client::ack`] once it is done
     /// with it, e.g. when it has stored it elsewhere. The server sends no more than the
-    /// Receive Maximum of messages not acknowledged. Acknowledge in the order received: MQTT
-    /// asks for acknowledgements in order.
+    /// Receive Maximum of messages not acknowledged. MQTT asks a client to acknowledge in the
+    /// order it received; some servers (Braid among them) take acknowledgements in any order.
     pub async fn recv_unacked(&self) -> Option<(Event, Option<Received>)> {
         let incoming = self.inner.events.lock().await.recv().await?;
         Some(match incoming {

@@ -162,9 +162,7 @@ impl Broker {
     /// The filters `client_id`'s session here subscribes to (`$share/{group}/` included);
     /// empty if this broker holds no session of it.
     pub fn subscriptions_of(&self, client_id: &str) -> Vec<ByteString> {
-        let Some(session) = self.sessions.lock().get(client_id).map(|s| s.0.clone()) else {
-            return Vec::new();
-        };
+        let Some(session) = self.session_of(client_id) else { return Vec::new() };
         let filters = session.lock().subscriptions.keys().cloned().collect();
         filters
     }
@@ -173,7 +171,7 @@ impl Broker {
     /// and, while it is offline, waiting in the store; None if this broker holds no session of
     /// it.
     pub fn held_for(&self, client_id: &str) -> Option<usize> {
-        let session = self.sessions.lock().get(client_id).map(|s| s.0.clone())?;
+        let session = self.session_of(client_id)?;
         let st = session.lock();
         let stored = st.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
         Some(st.queue.len() + st.inflight.len() + stored)
@@ -184,9 +182,14 @@ impl Broker {
         self.sessions.lock().contains(client_id)
     }
 
+    /// `client_id`'s session here, if this broker holds one.
+    fn session_of(&self, client_id: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().get(client_id).map(|s| s.0.clone())
+    }
+
     /// The control of the connection attached to `client_id`'s session, if one is.
     pub(crate) fn attached(&self, client_id: &str) -> Option<Arc<ConnControl>> {
-        let session = self.sessions.lock().get(client_id)?.0.clone();
+        let session = self.session_of(client_id)?;
         let ctl = session.lock().link.as_ref().map(|l| l.ctl.clone());
         ctl
     }

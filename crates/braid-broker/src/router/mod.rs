@@ -191,6 +191,7 @@ impl Router {
             }
             return is_new;
         };
+        let counted = entry.to.takes_forwarded();
         let st = session.lock();
         let partners: Vec<_> = overlapping(&st, filter, group).collect();
         entry.overlaps = u16::try_from(partners.len()).unwrap_or(u16::MAX);
@@ -202,7 +203,7 @@ impl Router {
                 }
             }
             drop(st);
-            if !session.node_local() {
+            if counted {
                 self.count_local(filter, group, true);
             }
         }
