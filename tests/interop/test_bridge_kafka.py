@@ -144,6 +144,17 @@ def _dedupe(seq):
     return out, len(seq) - len(out)
 
 
+def _one_route(kafka, bridged, tag, partitions=None):
+    """A bridge named after `tag` on `kafka` whose one route takes `<uid>/#` to the Kafka topic
+    `<tag>.<uid>` (created first with `partitions`, if given): (uid, Kafka topic, braid)."""
+    uid = unique(tag)
+    ktopic = f"{tag}.{uid}"
+    if partitions:
+        kafka.create_topic(ktopic, partitions=partitions)
+    b = bridged(dict(name=uid, brokers=kafka.bootstrap, out=[dict(filter=f"{uid}/#", topic=ktopic)]))
+    return uid, ktopic, b
+
+
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
     """One Kafka node for the module's tests that do not stop it."""
@@ -212,10 +223,7 @@ def test_out_keeps_the_publish_order_of_each_mqtt_topic(kafka, bridged, connect)
     """400 QoS 1 messages on 4 MQTT topics, interleaved and not waited for one by one, into a Kafka
     topic of 3 partitions: the records of each key are all in one partition, in publish order,
     none missing or twice."""
-    uid = unique("order")
-    ktopic = f"order.{uid}"
-    kafka.create_topic(ktopic, partitions=3)
-    b = bridged(dict(name=uid, brokers=kafka.bootstrap, out=[dict(filter=f"{uid}/#", topic=ktopic)]))
+    uid, ktopic, b = _one_route(kafka, bridged, "order", partitions=3)
     pub = connect(b, protocol=MQTTv5)
     topics = [f"{uid}/dev{i}" for i in range(4)]
     expected = {t: [] for t in topics}
@@ -265,9 +273,7 @@ def test_out_templates_with_topic_levels_and_without_key(kafka, bridged, connect
 def test_out_retained_publish_is_bridged_with_retain_header_true(kafka, bridged, connect):
     """A message published with RETAIN reaches Kafka with header mqtt.retain = "true" (and one
     without, "false")."""
-    uid = unique("ret")
-    ktopic = f"ret.{uid}"
-    b = bridged(dict(name=uid, brokers=kafka.bootstrap, out=[dict(filter=f"{uid}/#", topic=ktopic)]))
+    uid, ktopic, b = _one_route(kafka, bridged, "ret")
     pub = connect(b, protocol=MQTTv5)
     pub.publish(f"{uid}/state", b"retained", qos=1, retain=True)
     pub.publish(f"{uid}/state", b"live", qos=1)
@@ -280,9 +286,7 @@ def test_out_retained_publish_is_bridged_with_retain_header_true(kafka, bridged,
 def test_out_retained_message_is_not_bridged_again_when_braid_restarts(kafka, bridged, connect):
     """A retained message goes to Kafka once: a graceful restart of Braid (the outbox session
     resumes and subscribes again) must not send it again."""
-    uid = unique("reret")
-    ktopic = f"reret.{uid}"
-    b = bridged(dict(name=uid, brokers=kafka.bootstrap, out=[dict(filter=f"{uid}/#", topic=ktopic)]))
+    uid, ktopic, b = _one_route(kafka, bridged, "reret")
     pub = connect(b, protocol=MQTTv5)
     pub.publish(f"{uid}/state", b"retained once", qos=1, retain=True)
     pub.publish(f"{uid}/live", b"before restart", qos=1)
@@ -662,9 +666,7 @@ def test_bad_bridge_configuration_is_refused_naming_the_key(tmp_path, case):
 def test_internal_client_ids_are_refused_to_network_clients(kafka, bridged, connect):
     """CONNECT with a client id under `$internal/` (even the bridge outbox's own) is refused:
     CONNACK 0x85 for v5, 0x02 (identifier rejected) for 3.1.1; the bridge keeps working."""
-    uid = unique("intl")
-    ktopic = f"intl.{uid}"
-    b = bridged(dict(name=uid, brokers=kafka.bootstrap, out=[dict(filter=f"{uid}/#", topic=ktopic)]))
+    uid, ktopic, b = _one_route(kafka, bridged, "intl")
     outbox = f"$internal/bridge/kafka/{uid}/out"
     for client_id in (outbox, "$internal/anything"):
         for level, expected in ((5, CLIENT_ID_NOT_VALID), (4, IDENTIFIER_REJECTED)):

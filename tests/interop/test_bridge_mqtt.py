@@ -49,48 +49,34 @@ WAIT = 10  # seconds a message or a state gets to cross the bridge
 # The remote Mosquitto, and Braid with a bridge configuration
 # --------------------------------------------------------------------------------------------------
 
-class Mosquitto:
-    """`mosquitto -c FILE` on a free loopback port: `host`/`port` (as a conftest Broker, so the
-    client helpers take it), `kill()` (SIGKILL), `start()` again on the same port and files,
-    `save()` (SIGUSR1: write the persistence database now), `stop()`. `lines` are more
-    configuration lines for the listener (TLS, websockets) and after it."""
+class Mosquitto(Broker):
+    """`mosquitto -c FILE` on a free loopback port, a conftest Broker (`host`/`port` for the
+    client helpers, `kill()` (SIGKILL), `stop()`, `start()` again on the same port and files),
+    with `save()` (SIGUSR1: write the persistence database now). `lines` are more configuration
+    lines for the listener (TLS, websockets) and after it."""
 
     def __init__(self, directory, lines=()):
         os.makedirs(directory, exist_ok=True)
-        self.host = "127.0.0.1"
-        self.port = free_port()
         self.conf = os.path.join(directory, "mosquitto.conf")
-        with open(self.conf, "w") as f:
-            f.write(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
-            f.write("max_queued_messages 100000\n")
-            if os.geteuid() == 0:
-                # Started as root, Mosquitto would run as the user `mosquitto`, which may not
-                # read the test's certificates nor write its store.
-                f.write("user root\n")
-            f.write("".join(line + "\n" for line in lines))
-        self.log = open(os.path.join(directory, "mosquitto.log"), "ab")
-        self.start()
+        self.lines = lines
+        super().__init__({}, directory)
 
     def start(self):
+        if not os.path.exists(self.conf):
+            with open(self.conf, "w") as f:
+                f.write(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
+                f.write("max_queued_messages 100000\n")
+                if os.geteuid() == 0:
+                    # Started as root, Mosquitto would run as the user `mosquitto`, which may
+                    # not read the test's certificates nor write its store.
+                    f.write("user root\n")
+                f.write("".join(line + "\n" for line in self.lines))
         self.proc = subprocess.Popen(["mosquitto", "-c", self.conf], stdout=self.log,
                                      stderr=subprocess.STDOUT)
         wait_for_port(self.port, self.proc)
 
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
     def save(self):
         self.proc.send_signal(signal.SIGUSR1)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def bridge_toml(*bridges):

@@ -20,6 +20,7 @@ mod stats;
 pub mod template;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use braid_broker::config::{Config, ConfigError, OverflowPolicy};
 use braid_broker::connection::in_process;
@@ -119,4 +120,63 @@ pub(crate) fn outbox_limits(
         qos0_pacing: std::time::Duration::ZERO,
         adaptive: false,
     })
+}
+
+/// Unsubscribes the in-process client `client` (client id `client_id`) from the filters its
+/// session has that are not in `keep` (the configuration changed since it subscribed).
+pub(crate) async fn leave_stale(
+    broker: &Broker,
+    client: &Client,
+    client_id: &str,
+    keep: &[&str],
+) -> Result<(), String> {
+    let stale: Vec<String> = broker
+        .subscriptions_of(client_id)
+        .iter()
+        .filter(|f| !keep.contains(&&***f))
+        .map(|f| f.to_string())
+        .collect();
+    if stale.is_empty() {
+        return Ok(());
+    }
+    tracing::info!(%client_id, filters = ?stale, "bridge: leaving filters the configuration no longer has");
+    client
+        .unsubscribe(stale, braid_client::Properties::default())
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("cannot unsubscribe from old filters: {e}"))
+}
+
+/// The growing pause between a bridge's attempts: `first`, doubling up to `max`.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(first: Duration, max: Duration) -> Backoff {
+        Backoff { first, max, next: first }
+    }
+
+    /// The pause the next [`Backoff::pause`] takes.
+    pub(crate) fn next(&self) -> Duration {
+        self.next
+    }
+
+    /// The next pause starts at `first` again (the last attempt went well for a while).
+    pub(crate) fn reset(&mut self) {
+        self.next = self.first;
+    }
+
+    /// Pauses, and doubles the next pause; false if the broker shut down meanwhile.
+    pub(crate) async fn pause(&mut self, broker: &Broker) -> bool {
+        let paused = tokio::select! {
+            _ = tokio::time::sleep(self.next) => true,
+            _ = broker.shutdown.cancelled() => false,
+        };
+        self.next = (self.next * 2).min(self.max);
+        paused
+    }
 }

@@ -26,10 +26,12 @@ use braid_proto::topic::valid_topic_name;
 use super::{client_config, with_properties, Context, IN_FIELDS};
 use crate::stats::{bump, Stats};
 use crate::template::{BadTemplate, Fields, Template};
+use crate::Backoff;
 
 /// Records published and not yet acknowledged by Braid, per group.
 const WINDOW: u16 = 1024;
-/// The longest pause before a failed group starts again.
+/// The first and the longest pause before a failed group starts again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// One `[[bridges.kafka.in]]`, its template parsed.
@@ -80,21 +82,16 @@ async fn group_loop(
     routes: BTreeMap<String, Route>,
     stats: Arc<Stats>,
 ) {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     while !broker.shutdown.is_cancelled() {
         let why = consume(&broker, &config, &group, &routes, &stats).await;
         let Some(why) = why else { return };
-        warn!(bridge = %config.name, %group, "kafka bridge in: {why}; resuming from the last commit in {} ms", backoff.as_millis());
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = broker.shutdown.cancelled() => return,
+        warn!(bridge = %config.name, %group, "kafka bridge in: {why}; resuming from the last commit in {} ms", backoff.next().as_millis());
+        if !backoff.pause(&broker).await {
+            return;
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
-
-/// A record published and waiting for Braid's acknowledgement.
-type Waiting = std::pin::Pin<Box<dyn std::future::Future<Output = (String, i32, i64, bool)> + Send>>;
 
 /// One consumer and one in-process client; returns why it stopped (None: shutdown).
 async fn consume(
@@ -123,7 +120,7 @@ async fn consume(
         Err(e) => return Some(format!("cannot connect to the broker: {e}")),
     };
     info!(bridge = %config.name, %group, ?topics, "kafka bridge in: consuming");
-    let mut waiting: FuturesOrdered<Waiting> = FuturesOrdered::new();
+    let mut waiting = FuturesOrdered::new();
     let stop = loop {
         tokio::select! {
             record = consumer.recv(), if waiting.len() < usize::from(WINDOW) => match record {
@@ -134,7 +131,7 @@ async fn consume(
                     match publish(&client, config, routes, &m, stats).await {
                         Ok(handle) => {
                             let at = (m.topic().to_string(), m.partition(), m.offset());
-                            waiting.push_back(Box::pin(acked(handle, at)));
+                            waiting.push_back(acked(handle, at));
                         }
                         Err(why) => break Some(why),
                     }

@@ -89,12 +89,8 @@ pub(crate) fn check(bridges: &[KafkaBridgeConfig]) -> Result<(), ConfigError> {
             if o.qos > 2 {
                 return bad(&key("qos"), &"must be 0, 1 or 2");
             }
-            match Template::parse(&o.topic, OUT_FIELDS, true) {
-                Ok(t) if t.is_empty() => {
-                    return bad(&key("topic"), &"required: the Kafka topic (a template)")
-                }
-                Ok(_) => {}
-                Err(e) => return bad(&key("topic"), &e),
+            if let Err(e) = required_template(&o.topic, OUT_FIELDS, true, "the Kafka topic") {
+                return bad(&key("topic"), &e);
             }
             if let Err(e) = Template::parse(&o.key, OUT_FIELDS, true) {
                 return bad(&key("key"), &e);
@@ -111,25 +107,24 @@ pub(crate) fn check(bridges: &[KafkaBridgeConfig]) -> Result<(), ConfigError> {
                     &format!("{:?} is consumed twice in one group: give one of them another group", n.topic),
                 );
             }
-            if b.inbound[..j].iter().any(|o| o.topic == n.topic && o.group == n.group) {
-                return bad(
-                    &key("topic"),
-                    &format!("{:?} is consumed twice in one group: give one of them another group", n.topic),
-                );
-            }
             if n.qos > 2 {
                 return bad(&key("qos"), &"must be 0, 1 or 2");
             }
-            match Template::parse(&n.mqtt_topic, IN_FIELDS, false) {
-                Ok(t) if t.is_empty() => {
-                    return bad(&key("mqtt_topic"), &"required: the MQTT topic (a template)")
-                }
-                Ok(_) => {}
-                Err(e) => return bad(&key("mqtt_topic"), &e),
+            if let Err(e) = required_template(&n.mqtt_topic, IN_FIELDS, false, "the MQTT topic") {
+                return bad(&key("mqtt_topic"), &e);
             }
         }
     }
     Ok(())
+}
+
+/// Checks a template that must not be empty: `what` it makes, from `fields` (and `levels`).
+fn required_template(text: &str, fields: &[&str], levels: bool, what: &str) -> Result<(), String> {
+    match Template::parse(text, fields, levels) {
+        Ok(t) if t.is_empty() => Err(format!("required: {what} (a template)")),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Starts bridge `config`'s directions and its `$SYS` topics.

@@ -23,10 +23,12 @@ use braid_client::{Client, Event, Properties, Publish, ReasonCode, RetainHandlin
 use super::record::{self, dropped, matched_routes, records, Route, Source};
 use super::{permanent, producer_config, Context};
 use crate::stats::{bump, drop_one, Stats};
+use crate::Backoff;
 
 /// Messages in flight between the outbox and Kafka.
 const WINDOW: u16 = 1024;
-/// The longest pause before the bridge connects again after a failure.
+/// The first and the longest pause before the bridge connects again after a failure.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The id of bridge `name`'s outbox among the bridges' in-process clients.
@@ -49,19 +51,17 @@ pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, sta
     };
     let limits =
         crate::outbox_limits(config.max_queued_messages, config.max_queued_bytes, config.queue_overflow);
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
         let ended = session(&broker, &config, &routes, &limits, &stats).await;
         let Ended::Retry(why, delivered) = ended else { return };
         if delivered {
-            backoff = Duration::from_millis(200);
+            backoff.reset();
         }
-        warn!(bridge = %config.name, "kafka bridge out: {why}; resending what Kafka has not acknowledged in {} ms", backoff.as_millis());
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = broker.shutdown.cancelled() => return,
+        warn!(bridge = %config.name, "kafka bridge out: {why}; resending what Kafka has not acknowledged in {} ms", backoff.next().as_millis());
+        if !backoff.pause(&broker).await {
+            return;
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
@@ -93,12 +93,13 @@ async fn session(
     }
     let mut pending = FuturesOrdered::new();
     let mut delivered = false;
+    let bridge: Arc<str> = config.name.as_str().into();
     loop {
         tokio::select! {
             event = client.recv_unacked() => match event {
                 Some((Event::Message(p), received)) => {
                     let sends = produce(&producer, config, routes, &p, stats);
-                    let (stats, bridge) = (stats.clone(), config.name.clone());
+                    let (stats, bridge) = (stats.clone(), bridge.clone());
                     pending.push_back(async move { (received, finish(sends, &bridge, &stats, &p.topic).await) });
                 }
                 Some((Event::Disconnected(_), _)) | None => {
@@ -145,18 +146,8 @@ async fn subscribe(
     client_id: &str,
     routes: &[Route],
 ) -> Result<(), String> {
-    let stale: Vec<String> = broker
-        .subscriptions_of(client_id)
-        .iter()
-        .filter(|f| !routes.iter().any(|r| r.filter == ***f))
-        .map(|f| f.to_string())
-        .collect();
-    if !stale.is_empty() {
-        info!(filters = ?stale, "kafka bridge out: the outbox leaves filters no route has any more");
-        if let Err(e) = client.unsubscribe(stale, Properties::default()).await {
-            return Err(format!("cannot unsubscribe the outbox from old filters: {e}"));
-        }
-    }
+    let keep: Vec<&str> = routes.iter().map(|r| r.filter.as_str()).collect();
+    crate::leave_stale(broker, client, client_id, &keep).await?;
     for (i, r) in routes.iter().enumerate() {
         let mut props = Properties::default();
         props.subscription_identifiers = vec![i as u32 + 1];
@@ -167,7 +158,7 @@ async fn subscribe(
             ..Default::default()
         };
         match client.subscribe(vec![(r.filter.clone(), opts)], props).await {
-            Ok(codes) if codes.iter().all(|c| (*c as u8) < 0x80) => {}
+            Ok(codes) if codes.iter().all(|c| !c.is_error()) => {}
             Ok(codes) => {
                 return Err(format!("the outbox's subscription to {:?} was refused: {codes:?}", r.filter))
             }

@@ -35,6 +35,7 @@ use braid_proto::{ByteString, Bytes};
 use super::remote::{self, Remote, FIRST_BACKOFF};
 use super::Bridge;
 use crate::stats::{bump, drop_one, Stats};
+use crate::Backoff;
 
 /// Unacknowledged QoS 1/2 messages each way: the Receive Maximum the bridge announces on
 /// both sides and the most it sends before an acknowledgement (the remote's own Receive
@@ -60,21 +61,18 @@ enum Ended {
 
 /// Runs bridge `b` until the broker shuts down.
 pub(super) async fn run(b: Arc<Bridge>) {
-    let max = Duration::from_secs(b.config.restart_timeout_secs);
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = b.backoff();
     loop {
         let started = Instant::now();
         let Ended::Retry(why) = session(&b).await else { return };
         b.went_down(&why);
         if started.elapsed() > STEADY {
-            backoff = FIRST_BACKOFF;
+            backoff.reset();
         }
-        debug!(bridge = %b.config.name, "mqtt bridge: {why}; starting again in {} ms", backoff.as_millis());
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = b.broker.shutdown.cancelled() => return,
+        debug!(bridge = %b.config.name, "mqtt bridge: {why}; starting again in {} ms", backoff.next().as_millis());
+        if !backoff.pause(&b.broker).await {
+            return;
         }
-        backoff = (backoff * 2).min(max);
     }
 }
 
@@ -117,8 +115,7 @@ async fn with_local(b: &Arc<Bridge>, local: &Client) -> Ended {
 /// broker shuts down first.
 async fn connect_remote(b: &Bridge) -> Option<(Client, Connected)> {
     let opts = remote::options(b, WINDOW);
-    let max = Duration::from_secs(b.config.restart_timeout_secs);
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = b.backoff();
     loop {
         tokio::select! {
             connected = Client::connect(opts.clone()) => match connected {
@@ -127,11 +124,9 @@ async fn connect_remote(b: &Bridge) -> Option<(Client, Connected)> {
             },
             _ = b.broker.shutdown.cancelled() => return None,
         }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = b.broker.shutdown.cancelled() => return None,
+        if !backoff.pause(&b.broker).await {
+            return None;
         }
-        backoff = (backoff * 2).min(max);
     }
 }
 
@@ -148,19 +143,8 @@ async fn subscribe_local(b: &Bridge, local: &Client, client_id: &str) -> Result<
             None => filters.push((filter, line.qos)),
         }
     }
-    let stale: Vec<String> = b
-        .broker
-        .subscriptions_of(client_id)
-        .into_iter()
-        .map(|f| f.to_string())
-        .filter(|f| !filters.iter().any(|(g, _)| g == f))
-        .collect();
-    if !stale.is_empty() {
-        info!(bridge = %b.config.name, filters = ?stale, "mqtt bridge: unsubscribing from topics no out line has any more");
-        if let Err(e) = local.unsubscribe(stale, Properties::default()).await {
-            return Err(format!("cannot unsubscribe in Braid from old topics: {e}"));
-        }
-    }
+    let keep: Vec<&str> = filters.iter().map(|(f, _)| f.as_str()).collect();
+    crate::leave_stale(&b.broker, local, client_id, &keep).await?;
     for (filter, qos) in filters {
         let opts = SubscriptionOptions {
             qos,
@@ -442,6 +426,11 @@ fn carried(mut properties: Properties) -> Properties {
 }
 
 impl Bridge {
+    /// The pauses between attempts: from the first, doubling up to `restart_timeout_secs`.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(FIRST_BACKOFF, Duration::from_secs(self.config.restart_timeout_secs))
+    }
+
     /// The remote accepted the connection (again).
     fn came_up(&self, connected: &Connected) {
         self.stats.set_up(true);
