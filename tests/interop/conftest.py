@@ -19,6 +19,8 @@ TARGET = os.environ.get("BRAID_TEST_BROKER", "braid")
 # Every broker these tests start also listens for MQTT over QUIC (on by default): on a free
 # loopback UDP port, so that brokers never compete for the default 14567.
 os.environ.setdefault("BRAID_LISTENERS_QUIC", "127.0.0.1:0")
+# The same for the HTTP admin listener (on by default at 127.0.0.1:18083).
+os.environ.setdefault("BRAID_LISTENERS_HTTP", "127.0.0.1:0")
 
 
 def free_port():

@@ -45,6 +45,30 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// Bridges to other systems (see `docs/bridges.md`).
     pub bridges: BridgesConfig,
+    /// The HTTP admin listener's authentication and limits (see `docs/api.md`).
+    pub admin: AdminConfig,
+}
+
+/// The HTTP admin listener (`listeners.http`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// API keys (`braid apikey add FILE NAME`): when set, every request but
+    /// `GET /api/v1/health` needs one, as a bearer token or as basic auth (user: the key's
+    /// name). Required when `listeners.http` is not a loopback address.
+    pub api_keys_file: Option<PathBuf>,
+    /// Serve HTTPS with `tls.cert` and `tls.key`.
+    pub tls: bool,
+    /// Largest request body accepted (a publish's payload is in it), in bytes.
+    pub max_body_bytes: usize,
+    /// Where packet traces started from the API are written (default: `store.data_dir`/traces).
+    pub trace_dir: Option<PathBuf>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { api_keys_file: None, tls: false, max_body_bytes: 1024 * 1024, trace_dir: None }
+    }
 }
 
 /// Network listeners.
@@ -66,6 +90,10 @@ pub struct Listeners {
     pub ws_path: String,
     /// MQTT over QUIC (UDP), when `quic.enabled`.
     pub quic: SocketAddr,
+    /// The HTTP admin listener: Prometheus metrics, the REST API and the dashboard (see
+    /// `docs/api.md`); `""` turns it off. Off loopback it needs `admin.api_keys_file`.
+    #[serde(with = "optional_addr")]
+    pub http: Option<SocketAddr>,
 }
 
 impl Default for Listeners {
@@ -78,6 +106,31 @@ impl Default for Listeners {
             ws_path: "/mqtt".into(),
             park_after_secs: 5,
             quic: SocketAddr::from(([0, 0, 0, 0], 14567)),
+            http: Some(SocketAddr::from(([127, 0, 0, 1], 18083))),
+        }
+    }
+}
+
+/// An address that may be off: `""` in the file, the environment or a flag.
+mod optional_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(addr: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match addr {
+            Some(a) => s.collect_str(a),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.trim() {
+            "" => Ok(None),
+            t => t.parse().map(Some).map_err(|_| {
+                serde::de::Error::custom(format!("{t:?} is not an IP:PORT address (\"\" turns it off)"))
+            }),
         }
     }
 }
@@ -961,7 +1014,7 @@ impl ConfigError {
     }
 }
 
-const SECTIONS: [&str; 15] = [
+const SECTIONS: [&str; 16] = [
     "listeners",
     "mqtt",
     "session",
@@ -977,6 +1030,7 @@ const SECTIONS: [&str; 15] = [
     "runtime",
     "cluster",
     "bridges",
+    "admin",
 ];
 
 impl Config {
@@ -1011,14 +1065,16 @@ impl Config {
         Ok(config)
     }
 
-    /// Defaults for a broker embedded in a program or a test: MQTT over TCP and over QUIC on
-    /// free loopback ports (see `Running::addr` and `Running::quic_addr`), no `$SYS` traffic,
-    /// the memory store (nothing written to the working directory; set `store.backend` to
-    /// `Disk` with a `data_dir` to persist).
+    /// Defaults for a broker embedded in a program or a test: MQTT over TCP and over QUIC (and
+    /// the HTTP admin listener, for programs that serve it) on free loopback ports (see
+    /// `Running::addr` and `Running::quic_addr`), no `$SYS` traffic, the memory store (nothing
+    /// written to the working directory; set `store.backend` to `Disk` with a `data_dir` to
+    /// persist).
     pub fn embedded() -> Config {
         let mut config = Config::default();
         config.listeners.tcp = SocketAddr::from(([127, 0, 0, 1], 0));
         config.listeners.quic = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.listeners.http = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         config.sys.interval_secs = 0;
         config.store.backend = StoreBackend::Memory;
         config
@@ -1113,7 +1169,31 @@ impl Config {
         if self.store.data_dir.as_os_str().is_empty() {
             return bad("store.data_dir", "must not be empty");
         }
+        self.validate_admin()?;
         self.cluster.validate()
+    }
+}
+
+impl Config {
+    fn validate_admin(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, problem: &str| Err(ConfigError::invalid(key, problem));
+        let Some(addr) = self.listeners.http else { return Ok(()) };
+        if !addr.ip().is_loopback() && self.admin.api_keys_file.is_none() {
+            return bad(
+                "listeners.http",
+                &format!(
+                    "{addr} is not a loopback address: set admin.api_keys_file (keys made with \
+                     `braid apikey add FILE NAME`) so that only holders of a key can use the API"
+                ),
+            );
+        }
+        if self.admin.tls && (self.tls.cert.is_none() || self.tls.key.is_none()) {
+            return bad("admin.tls", "needs tls.cert and tls.key");
+        }
+        if self.admin.max_body_bytes == 0 {
+            return bad("admin.max_body_bytes", "must be at least 1");
+        }
+        Ok(())
     }
 }
 
