@@ -24,6 +24,7 @@ use braid_proto::{
 use crate::broker::{Accepted, Broker, Ending};
 use crate::connection::inbound::{Flow, Inbound};
 use crate::connection::{closing_disconnect, ending_for, transmit, Closing};
+use crate::session::Origin;
 use crate::transport::Transport;
 
 /// The broker core and its in-memory clients on a virtual clock.
@@ -100,7 +101,7 @@ impl<'b> Harness<'b> {
             .map_err(|refusal| refusal.reason)?;
         let seed = broker.security.seed(identity, &connect.client_id);
         let (accepted, connack, restore) =
-            broker.connect(connect, broker.listener_limits(Transport::Tcp), self.now)?;
+            broker.connect(connect, broker.listener_limits(Transport::Tcp), Origin::default(), self.now)?;
         assert!(restore.is_none(), "the harness runs on the memory store");
         let acl = broker.security.resume_acl(seed, &accepted.session.client_id);
         let inbound =

@@ -16,6 +16,7 @@ pub mod harness;
 pub mod limits;
 pub mod message;
 pub mod metrics;
+pub mod report;
 pub mod retained;
 pub mod router;
 pub mod server;

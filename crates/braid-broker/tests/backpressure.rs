@@ -134,6 +134,7 @@ async fn a_session_follows_the_policy_of_the_listener_its_client_last_came_throu
             .connect(
                 &connect_with_expiry("lp", false, 60),
                 b.broker.listener_limits(transport),
+                braid_broker::session::Origin::default(),
                 Instant::now(),
             )
             .unwrap();

@@ -20,9 +20,10 @@ impl Broker {
     /// members of those groups (see [`crate::session::SessionState::take_shared`]).
     pub fn disconnected(&self, session: &Arc<Session>, generation: u64, ending: Ending, now: Instant) {
         let others = self.other_members(session);
-        let (will_delay, expiry, ctl, taken) = {
+        let (will_delay, expiry, ctl, transport, taken) = {
             let mut st = session.lock();
             let ctl = st.link.as_ref().map(|l| l.ctl.clone());
+            let transport = st.link.as_ref().and_then(|l| l.origin.transport);
             if !st.is_attached(generation) {
                 return;
             }
@@ -33,11 +34,11 @@ impl Broker {
             }
             // Saved with a delayed will, so a restart before the delay still sends it.
             st.save(self.unix_secs(now));
-            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs, ctl, taken)
+            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs, ctl, transport, taken)
         };
         self.hand_to_other_members(session, &others, taken, now);
         session.release_publishers(Release::All);
-        self.metrics.client_disconnected();
+        self.metrics.client_disconnected(transport);
         self.schedule_end(session, generation, will_delay, expiry, now, 0);
         // A CONNECT waiting to take the session over goes on, and finds it ended or offline.
         if let Some(ctl) = ctl {

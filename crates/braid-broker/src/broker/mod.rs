@@ -7,10 +7,12 @@
 //! - [`pubsub`]: SUBSCRIBE, UNSUBSCRIBE, PUBLISH.
 //! - [`lifecycle`]: disconnects, wills, session expiry, the timers.
 //! - [`recovery`]: what the store kept, reloaded at start.
+//! - [`admin`]: what operators ask (sessions, kick, subscriptions, retained messages).
 //!
 //! Lock order: the sessions map, then a session; the router before a session. A session lock
 //! is never held while taking the sessions map or the router.
 
+mod admin;
 mod lifecycle;
 mod pubsub;
 mod recovery;
@@ -37,12 +39,14 @@ use crate::control::ConnControl;
 use crate::directory::Directory;
 use crate::limits::MemoryAlarm;
 use crate::metrics::Metrics;
+use crate::report::Report;
 use crate::retained::Retained;
 use crate::router::{Confirm, Router};
 use crate::session::{QueueLimits, Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
 use crate::transport::PerTransport;
 
+pub use admin::ClientInfo;
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
@@ -90,6 +94,8 @@ pub struct Broker {
     started_unix: u64,
     /// The cluster-wide session directory, when this broker is a node of a cluster.
     directory: OnceLock<Arc<dyn Directory>>,
+    /// The parts of the node that report to operators (bridges, the cluster membership).
+    reports: RwLock<Vec<Arc<dyn Report>>>,
 }
 
 /// A session holding a publisher back.
@@ -229,6 +235,7 @@ impl Broker {
             timers_changed: Notify::new(),
             store,
             directory: OnceLock::new(),
+            reports: RwLock::new(Vec::new()),
         });
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker

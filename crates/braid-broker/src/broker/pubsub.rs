@@ -290,7 +290,7 @@ impl Broker {
     /// Counts a delivery dropped by a full queue.
     fn count_drop(&self, r: Enqueued) {
         if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
-            Metrics::add(&self.metrics.messages_dropped, 1);
+            Metrics::add(&self.metrics.dropped_queue_full, 1);
         }
     }
 

@@ -12,7 +12,7 @@ use braid_proto::{
 use super::{split_filter, Accepted, Broker, ById, Connected, WillOnRelease};
 use crate::control::ConnControl;
 use crate::router::{RemoteRef, SubEntry};
-use crate::session::{Link, Persist, QueueLimits, Release, Session};
+use crate::session::{Link, Origin, Persist, QueueLimits, Release, Session};
 use crate::store::Ticket;
 use crate::transport::Transport;
 
@@ -32,6 +32,7 @@ impl Broker {
         &self,
         c: &Connect,
         limits: Arc<QueueLimits>,
+        mut origin: Origin,
         now: Instant,
     ) -> Result<Connected, ReasonCode> {
         let cfg = &self.config;
@@ -125,7 +126,10 @@ impl Broker {
         };
         let max_packet_size = c.properties.maximum_packet_size.unwrap_or(u32::MAX);
         let window = usize::from(window.min(cfg.mqtt.max_inflight));
-        let link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
+        let mut link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
+        let transport = origin.transport;
+        (origin.keep_alive, origin.connected_at) = (keep_alive, self.unix_secs(now));
+        link.origin = origin;
         let (generation, restore) = {
             let mut st = session.lock();
             st.expiry_secs = expiry;
@@ -140,7 +144,7 @@ impl Broker {
             st.save(self.unix_secs(now));
             (generation, st.load())
         };
-        self.metrics.client_connected();
+        self.metrics.client_connected(transport);
         if self.shutdown.is_cancelled() {
             // Attached after close_all() swept the sessions: close it here instead.
             ctl.close(ReasonCode::ServerShuttingDown);
@@ -183,7 +187,7 @@ impl Broker {
     }
 
     /// `client_id`'s session here, if this broker holds one.
-    fn session_of(&self, client_id: &str) -> Option<Arc<Session>> {
+    pub(super) fn session_of(&self, client_id: &str) -> Option<Arc<Session>> {
         self.sessions.lock().get(client_id).map(|s| s.0.clone())
     }
 
@@ -204,7 +208,7 @@ impl Broker {
                 link.ctl
                     .close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
                 link.ctl.hand_over();
-                self.metrics.client_disconnected();
+                self.metrics.client_disconnected(link.origin.transport);
             }
             st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
         };

@@ -400,7 +400,7 @@ impl<'a> Inbound<'a> {
         if let Some(why) = topic_too_big(&self.broker.config.limits, &p.topic) {
             return close(ReasonCode::TopicNameInvalid, why);
         }
-        Metrics::add(&self.broker.metrics.messages_received, 1);
+        self.broker.metrics.messages_received.add(p.qos, 1);
         // Every PUBLISH, allowed or not, counts towards the rate; the pause starts after it.
         if let Some(until) = self.limiter.on_publish(p.topic.len() + p.payload.len(), now) {
             self.pause = Some(Pause::Until(until));
@@ -417,7 +417,6 @@ impl<'a> Inbound<'a> {
                 return close(ReasonCode::NotAuthorized, "the ACL denies publishing to this topic");
             }
             Metrics::add(&self.broker.metrics.publishes_denied, 1);
-            Metrics::add(&self.broker.metrics.messages_dropped, 1);
             let ack = Ack::with_reason(id, ReasonCode::NotAuthorized);
             match qos {
                 QoS::AtMostOnce => {}

@@ -17,14 +17,14 @@ use tracing::{debug, info};
 
 use braid_proto::{
     decode, encode, ByteString, BytesMut, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties,
-    ProtocolVersion, ReasonCode,
+    ProtocolVersion, QoS, ReasonCode,
 };
 
 use crate::auth::{AclSeed, ConnectionAcl, Identity};
 use crate::broker::{Accepted, Broker, Ending};
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
-use crate::session::{QueueLimits, Session, SessionState, Transmit};
+use crate::session::{Origin, QueueLimits, Session, SessionState, Transmit};
 use crate::transport::Transport;
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
@@ -163,8 +163,21 @@ where
 /// against the ACL and attaches the session (under the queue policies of the listener, or
 /// those of the in-process client), with a persistent session's deliveries read back from
 /// disk. Returns the attachment, its CONNACK and the client's authorization, or the reason to
-/// refuse with (logged here). Every transport's handshake goes through this.
+/// refuse with (logged and counted here). Every transport's handshake goes through this.
 pub(crate) async fn admit(
+    broker: &Arc<Broker>,
+    connect: &Connect,
+    via: &Via,
+    peer: SocketAddr,
+) -> Result<(Accepted, ConnAck, Option<Box<AclSeed>>), ReasonCode> {
+    let admitted = admit_counted(broker, connect, via, peer).await;
+    if let Err(reason) = &admitted {
+        broker.metrics.connects_refused.count(*reason);
+    }
+    admitted
+}
+
+async fn admit_counted(
     broker: &Arc<Broker>,
     connect: &Connect,
     via: &Via,
@@ -187,7 +200,15 @@ pub(crate) async fn admit(
         }
         Via::InProcess { name, limits } => (Identity::unrestricted(name), limits.clone()),
     };
-    let user = identity.username.clone();
+    let origin = Origin {
+        transport: match via {
+            Via::Listener { transport, .. } => Some(*transport),
+            Via::InProcess { .. } => None,
+        },
+        peer,
+        username: identity.username.as_deref().map(ByteString::from),
+        ..Origin::default()
+    };
     let acl = broker.security.seed(identity, client_id);
     if let Some(will) = &connect.will {
         if !broker.security.resume_acl(acl.clone(), client_id).may_publish(&will.topic) {
@@ -203,7 +224,7 @@ pub(crate) async fn admit(
     // A connection that holds this client's session first handles what it was already sent.
     crate::connection::handover::wait(broker, client_id).await;
     let (accepted, connack, restore) =
-        broker.connect(connect, limits, Instant::now()).inspect_err(|reason| {
+        broker.connect(connect, limits, origin.clone(), Instant::now()).inspect_err(|reason| {
             info!(%peer, %client_id, "refusing CONNECT: {}", reason.description());
         })?;
     if let (Some(directory), false) = (broker.directory(), client_id.is_empty()) {
@@ -217,7 +238,7 @@ pub(crate) async fn admit(
             Err(_) => {}
         }
     }
-    debug!(%peer, %client_id, version = ?connect.protocol, ?user, "client connected");
+    debug!(%peer, %client_id, version = ?connect.protocol, user = ?origin.username, "client connected");
     Ok((accepted, connack, acl))
 }
 
@@ -385,8 +406,11 @@ pub(crate) fn transmit(
         (t, st.take_drained())
     };
     session.release_publishers(drained);
-    Metrics::add(&broker.metrics.messages_sent, t.published);
-    Metrics::add(&broker.metrics.messages_dropped, t.dropped);
+    for (qos, n) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce].into_iter().zip(t.published) {
+        broker.metrics.messages_sent.add(qos, n);
+    }
+    Metrics::add(&broker.metrics.dropped_expired, t.expired);
+    Metrics::add(&broker.metrics.dropped_too_large, t.too_large);
     t.more
 }
 

@@ -23,7 +23,7 @@ pub use alias::OutboundAliases;
 pub use persist::{Persist, RemoteIds, Restore};
 pub use qos2::Qos2Ids;
 pub use queue::{Enqueued, Item, OnDisk, Queue, QueueLimits};
-pub use state::{Link, OtherMembers, Outbox, Release, SessionState, Transmit};
+pub use state::{Link, Origin, OtherMembers, Outbox, Release, SessionState, Transmit};
 
 use crate::message::Delivery;
 

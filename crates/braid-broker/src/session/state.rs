@@ -2,6 +2,7 @@
 //! ids, and (while a client is attached) the connection's outbound state. Packets and time go
 //! in, encoded bytes come out; nothing here touches a socket or a clock.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,6 +22,7 @@ use crate::config::OverflowPolicy;
 use crate::control::ConnControl;
 use crate::message::{Delivery, StreamTag};
 use crate::store::{self, SessionRecord, Stored, SubscriptionRecord, Ticket};
+use crate::transport::Transport;
 
 /// The outbound side of the connection currently attached to the session.
 #[derive(Debug)]
@@ -37,6 +39,35 @@ pub struct Link {
     pub aliases: OutboundAliases,
     /// Closes the connection (takeover, protocol error, shutdown).
     pub ctl: Arc<ConnControl>,
+    /// Who the client is and where it came from.
+    pub origin: Origin,
+}
+
+/// Where an attached client came from and what it was granted, for operators.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    /// The listener it connected through; None for an in-process client.
+    pub transport: Option<Transport>,
+    /// Its address.
+    pub peer: SocketAddr,
+    /// The user it authenticated as, if any.
+    pub username: Option<ByteString>,
+    /// Keep alive in seconds, as granted (0: none).
+    pub keep_alive: u16,
+    /// When it connected, in seconds since the Unix epoch.
+    pub connected_at: u64,
+}
+
+impl Default for Origin {
+    fn default() -> Self {
+        Origin {
+            transport: None,
+            peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+            username: None,
+            keep_alive: 0,
+            connected_at: 0,
+        }
+    }
 }
 
 impl Link {
@@ -50,7 +81,7 @@ impl Link {
         ctl: Arc<ConnControl>,
     ) -> Link {
         let aliases = OutboundAliases::new(topic_alias_maximum);
-        Link { generation: 0, version, max_packet_size, window, aliases, ctl }
+        Link { generation: 0, version, max_packet_size, window, aliases, ctl, origin: Origin::default() }
     }
 }
 
@@ -75,10 +106,12 @@ fn done(persist: &mut Option<Box<Persist>>, seq: u64) {
 /// What one call of [`SessionState::poll_transmit`] produced.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
-    /// PUBLISH packets encoded.
-    pub published: u64,
-    /// Deliveries dropped (expired, or too large for the client).
-    pub dropped: u64,
+    /// PUBLISH packets encoded, by QoS.
+    pub published: [u64; 3],
+    /// Deliveries dropped because their message expired.
+    pub expired: u64,
+    /// Deliveries dropped because they were too large for the client.
+    pub too_large: u64,
     /// More is ready but the byte budget was reached: call again after writing.
     pub more: bool,
 }
@@ -512,7 +545,7 @@ impl SessionState {
                         let (id, stage) = (e.packet_id, e.stage);
                         let seq = self.inflight.complete(id, stage).map_or(0, |(seq, _)| seq);
                         done(&mut self.persist, seq);
-                        t.dropped += 1;
+                        t.too_large += 1;
                         continue;
                     }
                 },
@@ -540,12 +573,12 @@ impl SessionState {
             let Some(d) = self.queue.remove(i) else { break };
             if d.msg.is_expired(now) {
                 done(&mut self.persist, d.seq);
-                t.dropped += 1;
+                t.expired += 1;
                 continue;
             }
             let Some(mut p) = publish_packet(link, &d, 1, false, now) else {
                 done(&mut self.persist, d.seq);
-                t.dropped += 1;
+                t.too_large += 1;
                 continue;
             };
             let buf = out.buffer(d.stream);
@@ -562,13 +595,14 @@ impl SessionState {
                 }
                 _ => p.packet_id = self.inflight.push(d, at),
             }
+            let qos = p.qos as usize;
             let _ = encode(&Packet::Publish(p), version, buf);
-            t.published += 1;
+            t.published[qos] += 1;
         }
         if self.queue.is_empty() {
             self.behind_since = None;
         }
-        self.dropped += t.dropped;
+        self.dropped += t.expired + t.too_large;
         t
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::{oneshot, watch};
 use braid_proto::{ByteString, LastWill, SubscriptionOptions};
 
 use crate::message::{Delivery, Message, RemoteId};
+use crate::metrics::HistogramSnapshot;
 
 /// A subscription as a session remembers it (and the store keeps it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +163,19 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn take_recovered(&self) -> Recovered;
     /// Writes and syncs everything submitted, then stops the store.
     fn close(&self);
+    /// What the store reports to operators (nothing, unless it keeps files).
+    fn stats(&self) -> StoreStats {
+        StoreStats::default()
+    }
+}
+
+/// What a store reports to operators.
+#[derive(Debug, Clone, Default)]
+pub struct StoreStats {
+    /// Bytes of its files on disk.
+    pub disk_bytes: Option<u64>,
+    /// How long its disk syncs took.
+    pub syncs: Option<HistogramSnapshot>,
 }
 
 /// A store that could not be opened, or a record that could not be read back.

@@ -10,6 +10,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,10 +21,13 @@ use tracing::{error, info, warn};
 
 use braid_proto::ByteString;
 
-use super::backend::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket};
+use super::backend::{
+    Op, Recovered, RecoveredSession, Stage, Store, StoreError, StoreStats, Stored, Ticket,
+};
 use super::record::{self, kind};
 use crate::config::{Durability, StoreConfig};
 use crate::message::Message;
+use crate::metrics::Histogram;
 
 /// Marks a directory as a Braid store and names the format version.
 const MARKER: &str = "braid-store";
@@ -81,6 +85,10 @@ struct Pending {
 struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
+    /// How long each fsync took.
+    syncs: Histogram,
+    /// The segments' bytes, after the last batch.
+    disk_bytes: AtomicU64,
 }
 
 /// The disk store (see the module documentation).
@@ -118,6 +126,8 @@ impl DiskStore {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending { ops: Vec::new(), next: 0, closed: false }),
             wake: Condvar::new(),
+            syncs: Histogram::new(Histogram::LATENCY_US),
+            disk_bytes: AtomicU64::new(log.segs.values().map(|s| s.size).sum()),
         });
         let (tx, durable) = watch::channel(0);
         let sync = config.durability == Durability::Sync;
@@ -169,6 +179,13 @@ impl Store for DiskStore {
         self.shared.wake.notify_one();
         if let Some(writer) = self.writer.lock().take() {
             let _ = writer.join();
+        }
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            disk_bytes: Some(self.shared.disk_bytes.load(Ordering::Relaxed)),
+            syncs: Some(self.shared.syncs.snapshot()),
         }
     }
 }
@@ -713,13 +730,17 @@ impl Log {
             }
             let result = result.and_then(|()| self.write()).and_then(|()| {
                 if sync || closed || last_sync.elapsed() >= interval {
+                    let started = Instant::now();
                     self.sync()?;
+                    shared.syncs.observe(started.elapsed());
                     last_sync = Instant::now();
                     dirty = false;
                 } else {
                     dirty = true;
                 }
-                self.maintain()
+                self.maintain()?;
+                shared.disk_bytes.store(self.segs.values().map(|s| s.size).sum(), Ordering::Relaxed);
+                Ok(())
             });
             match result {
                 Ok(()) => {

@@ -10,8 +10,8 @@ pub mod memory;
 mod record;
 
 pub use backend::{
-    packet_id_for, Op, Recovered, RecoveredSession, SessionRecord, Stage, Store, StoreError, Stored,
-    SubscriptionRecord, Ticket,
+    packet_id_for, Op, Recovered, RecoveredSession, SessionRecord, Stage, Store, StoreError, StoreStats,
+    Stored, SubscriptionRecord, Ticket,
 };
 pub use record::unix_now;
 
