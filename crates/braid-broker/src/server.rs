@@ -22,6 +22,7 @@ use crate::transport::listener::{self, Listeners};
 use crate::transport::quic;
 use crate::transport::tcp::accept as handshake_thread;
 use crate::transport::tcp::park::ParkingLot;
+use crate::transport::Transport;
 
 /// A server running in a task of the current runtime, for programs and tests that embed Braid.
 /// Dropping it shuts the broker down.
@@ -108,6 +109,21 @@ impl Server {
     /// The UDP address the MQTT over QUIC listener is bound to, if enabled.
     pub fn quic_addr(&self) -> Option<SocketAddr> {
         self.quic.as_ref().and_then(|q| q.endpoint.local_addr().ok())
+    }
+
+    /// Every MQTT listener with the address it is bound to (QUIC's is UDP).
+    pub fn bound(&self) -> Vec<(Transport, SocketAddr)> {
+        let a = self.listeners.addrs();
+        [
+            (Transport::Tcp, Some(self.local_addr())),
+            (Transport::Tls, a.tls),
+            (Transport::Ws, a.ws),
+            (Transport::Wss, a.wss),
+            (Transport::Quic, self.quic_addr()),
+        ]
+        .into_iter()
+        .filter_map(|(t, addr)| addr.map(|a| (t, a)))
+        .collect()
     }
 
     /// The shared broker state.

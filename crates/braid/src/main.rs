@@ -160,6 +160,20 @@ fn serve(args: ServeArgs) -> ExitCode {
             },
             None => None,
         };
+        let admin = match braid_admin::AdminListener::bind(server.broker(), server.bound()).await {
+            Ok(admin) => admin,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                eprintln!("braid: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("braid: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Some(admin) = admin {
+            tokio::spawn(admin.run());
+        }
         braid_bridge::start(server.broker());
         let broker = server.broker().clone();
         tokio::spawn(async move { reload_on_sighup(broker).await });

@@ -44,7 +44,7 @@ impl ClientInfo {
             connection: st.link.as_ref().map(|l| (l.origin.clone(), l.version)),
             persistent: st.expiry_secs > 0,
             expiry_secs: st.expiry_secs,
-            subscriptions: st.subscriptions.iter().map(|(f, r)| (f.clone(), r.clone())).collect(),
+            subscriptions: st.subscriptions.iter().map(|(f, r)| (f.clone(), *r)).collect(),
             queued: st.queue.len() + stored,
             inflight: st.inflight.len(),
             dropped: st.dropped,
@@ -52,7 +52,32 @@ impl ClientInfo {
     }
 }
 
+/// Totals over every session, for metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueTotals {
+    /// Deliveries waiting to be sent (in memory, and on disk for offline sessions).
+    pub queued: usize,
+    /// Deliveries sent and not yet acknowledged.
+    pub inflight: usize,
+    /// Publishers held back by full queues now.
+    pub publishers_held: u64,
+}
+
 impl Broker {
+    /// Totals over every session this broker holds.
+    pub fn queue_totals(&self) -> QueueTotals {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
+        let mut t = QueueTotals::default();
+        for s in sessions {
+            let st = s.lock();
+            let stored = st.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
+            t.queued += st.queue.len() + stored;
+            t.inflight += st.inflight.len();
+            t.publishers_held += u64::from(st.holding());
+        }
+        t
+    }
+
     /// Every session this broker holds, connected or not, in-process clients' included, in
     /// no particular order.
     pub fn clients(&self) -> Vec<ClientInfo> {

@@ -46,7 +46,7 @@ use crate::session::{QueueLimits, Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
 use crate::transport::PerTransport;
 
-pub use admin::ClientInfo;
+pub use admin::{ClientInfo, QueueTotals};
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive

@@ -230,6 +230,11 @@ impl SessionState {
         self.link.as_ref().is_some_and(|l| l.generation == generation)
     }
 
+    /// Publishers this session holds back now (see [`crate::broker::Published::held`]).
+    pub fn holding(&self) -> u32 {
+        self.held
+    }
+
     /// True while a client is attached.
     pub fn is_online(&self) -> bool {
         self.link.is_some()

@@ -21,9 +21,7 @@ use tracing::{error, info, warn};
 
 use braid_proto::ByteString;
 
-use super::backend::{
-    Op, Recovered, RecoveredSession, Stage, Store, StoreError, StoreStats, Stored, Ticket,
-};
+use super::backend::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, StoreStats, Stored, Ticket};
 use super::record::{self, kind};
 use crate::config::{Durability, StoreConfig};
 use crate::message::Message;

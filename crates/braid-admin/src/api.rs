@@ -1,0 +1,676 @@
+//! The REST API, `/api/v1/...`: JSON in and out; a client's mistake is a 4xx whose JSON body
+//! names the problem (`{"error": "...", "code": "..."}`), never a 500. Lists are paged:
+//! `?page=1&limit=100` (at most 1000), answered as `{"data": [...], "meta": {"page", "limit",
+//! "count"}}` where `count` is every match.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use braid_broker::broker::ClientInfo;
+use braid_broker::message::Message;
+use braid_broker::metrics::Metrics;
+use braid_broker::transport::Transport;
+use braid_proto::topic::{valid_topic_filter, valid_topic_name};
+use braid_proto::{ByteString, Bytes, ProtocolVersion, Publish, QoS, ReasonCode, SubscriptionOptions};
+
+use crate::Admin;
+
+type Shared = State<Arc<Admin>>;
+
+/// The routes under `/api/v1`.
+pub(crate) fn routes() -> Router<Arc<Admin>> {
+    Router::new()
+        .route("/health", get(health))
+        .route("/stats", get(stats))
+        .route("/listeners", get(listeners))
+        .route("/clients", get(clients))
+        .route("/clients/{id}", get(client).delete(kick))
+        .route("/clients/{id}/subscriptions", get(client_subscriptions).post(subscribe).delete(unsubscribe))
+        .route("/subscriptions", get(subscriptions))
+        .route("/retained", get(retained_list))
+        .route("/retained/{*topic}", get(retained_one).delete(retained_delete))
+        .route("/publish", post(publish))
+        .route("/nodes", get(nodes))
+        .route("/bridges", get(bridges))
+        .route("/reload", post(reload))
+        .fallback(|| async {
+            error(StatusCode::NOT_FOUND, "no such endpoint under /api/v1 (see docs/api.md)")
+        })
+}
+
+/// A JSON error: `{"error": message, "code": the status's name}`.
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    ApiError(status, message.into()).into_response()
+}
+
+/// A request that cannot be served: its status and what is wrong.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = self.0.canonical_reason().unwrap_or("error").to_ascii_uppercase().replace(' ', "_");
+        (self.0, Json(json!({ "error": self.1, "code": code }))).into_response()
+    }
+}
+
+fn bad_query(e: QueryRejection) -> Response {
+    error(StatusCode::BAD_REQUEST, format!("bad query string: {}", e.body_text()))
+}
+
+fn bad_json(e: JsonRejection) -> Response {
+    error(e.status(), format!("bad JSON body: {}", e.body_text()))
+}
+
+/// `?page=&limit=`.
+#[derive(Debug, Deserialize)]
+struct Page {
+    #[serde(default = "first_page")]
+    page: usize,
+    #[serde(default = "default_limit")]
+    limit: usize,
+}
+
+fn first_page() -> usize {
+    1
+}
+
+fn default_limit() -> usize {
+    100
+}
+
+impl Page {
+    /// `items`' page as `{"data", "meta"}`, or a 400 for a page or limit out of range.
+    fn of(&self, items: Vec<Value>) -> Response {
+        if self.page == 0 || self.limit == 0 || self.limit > 1000 {
+            return error(StatusCode::BAD_REQUEST, "page starts at 1; limit is 1 to 1000");
+        }
+        let count = items.len();
+        let data: Vec<Value> =
+            items.into_iter().skip((self.page - 1) * self.limit).take(self.limit).collect();
+        Json(json!({ "data": data, "meta": { "page": self.page, "limit": self.limit, "count": count } }))
+            .into_response()
+    }
+}
+
+async fn health(State(admin): Shared) -> Response {
+    let ready = !admin.broker.shutdown.is_cancelled();
+    let body = json!({
+        "status": if ready { "ok" } else { "shutting_down" },
+        "live": true,
+        "ready": ready,
+        "uptime_secs": admin.broker.started.elapsed().as_secs(),
+        "version": env!("CARGO_PKG_VERSION"),
+    });
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(body)).into_response()
+}
+
+async fn stats(State(admin): Shared) -> Json<Value> {
+    let b = &admin.broker;
+    let m = &b.metrics;
+    let per_transport = |f: &dyn Fn(Transport) -> u64| {
+        Value::Object(Transport::ALL.iter().map(|t| (t.name().to_string(), json!(f(*t)))).collect())
+    };
+    let by_qos = |q: &braid_broker::metrics::ByQos| json!({ "0": q.get(QoS::AtMostOnce), "1": q.get(QoS::AtLeastOnce), "2": q.get(QoS::ExactlyOnce) });
+    let refused: serde_json::Map<String, Value> =
+        std::iter::once(("max_connections".to_string(), json!(Metrics::get(&m.connections_refused))))
+            .chain(
+                m.connects_refused
+                    .counted()
+                    .into_iter()
+                    .map(|(r, n)| (r.description().to_string(), json!(n))),
+            )
+            .collect();
+    let (sessions, subscriptions, retained) = b.counts();
+    let totals = b.queue_totals();
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_secs": b.started.elapsed().as_secs(),
+        "connections": {
+            "connected": Metrics::get(&m.clients_connected),
+            "maximum": Metrics::get(&m.clients_maximum),
+            "parked": b.parked(),
+            "by_transport": per_transport(&|t| Metrics::get(m.connected_by_transport.get(t))),
+            "accepted": per_transport(&|t| Metrics::get(m.connections_accepted.get(t))),
+            "refused": refused,
+        },
+        "messages": {
+            "received": by_qos(&m.messages_received),
+            "sent": by_qos(&m.messages_sent),
+            "dropped": {
+                "queue_full": Metrics::get(&m.dropped_queue_full),
+                "expired": Metrics::get(&m.dropped_expired),
+                "too_large": Metrics::get(&m.dropped_too_large),
+                "not_authorized": Metrics::get(&m.publishes_denied),
+            },
+            "held": Metrics::get(&m.publishes_held),
+        },
+        "bytes": { "received": Metrics::get(&m.bytes_received), "sent": Metrics::get(&m.bytes_sent) },
+        "sessions": sessions,
+        "subscriptions": subscriptions,
+        "retained": retained,
+        "queued": totals.queued,
+        "inflight": totals.inflight,
+        "publishers_held": totals.publishers_held,
+        "memory": {
+            "resident_bytes": braid_broker::limits::resident_memory(),
+            "alarm": b.memory.is_raised(),
+        },
+        "store": { "disk_bytes": b.store.stats().disk_bytes },
+    }))
+}
+
+async fn listeners(State(admin): Shared) -> Json<Value> {
+    let m = &admin.broker.metrics;
+    let mut out: Vec<Value> = admin
+        .listeners
+        .iter()
+        .map(|(t, addr)| {
+            json!({
+                "transport": t.name(),
+                "address": addr.to_string(),
+                "connected": Metrics::get(m.connected_by_transport.get(*t)),
+                "accepted": Metrics::get(m.connections_accepted.get(*t)),
+            })
+        })
+        .collect();
+    let scheme = if admin.broker.config.admin.tls { "https" } else { "http" };
+    out.push(json!({ "transport": scheme, "address": admin.http.to_string() }));
+    Json(json!({ "data": out }))
+}
+
+/// `GET /clients` filters.
+#[derive(Debug, Deserialize)]
+struct ClientFilter {
+    prefix: Option<String>,
+    user: Option<String>,
+    transport: Option<String>,
+    state: Option<String>,
+    #[serde(flatten)]
+    page: Page,
+}
+
+fn protocol(v: ProtocolVersion) -> u8 {
+    match v {
+        ProtocolVersion::V3_1 => 3,
+        ProtocolVersion::V3_1_1 => 4,
+        ProtocolVersion::V5 => 5,
+    }
+}
+
+fn transport_name(info: &ClientInfo) -> Option<&'static str> {
+    info.connection.as_ref().map(|(o, _)| o.transport.map_or("in_process", |t| t.name()))
+}
+
+fn client_json(info: &ClientInfo, detail: bool) -> Value {
+    let conn = info.connection.as_ref();
+    let mut v = json!({
+        "client_id": info.client_id.to_string(),
+        "connected": conn.is_some(),
+        "transport": transport_name(info),
+        "peer": conn.map(|(o, _)| o.peer.to_string()),
+        "username": conn.and_then(|(o, _)| o.username.as_ref().map(|u| u.to_string())),
+        "protocol": conn.map(|(_, v)| protocol(*v)),
+        "keep_alive": conn.map(|(o, _)| o.keep_alive),
+        "connected_at": conn.map(|(o, _)| o.connected_at),
+        "persistent": info.persistent,
+        "expiry_secs": info.expiry_secs,
+        "queued": info.queued,
+        "inflight": info.inflight,
+        "dropped": info.dropped,
+        "subscriptions": info.subscriptions.len(),
+    });
+    if detail {
+        v["subscriptions"] =
+            Value::Array(info.subscriptions.iter().map(|(f, r)| subscription_json(None, f, r)).collect());
+    }
+    v
+}
+
+fn subscription_json(
+    client_id: Option<&str>,
+    filter: &str,
+    r: &braid_broker::store::SubscriptionRecord,
+) -> Value {
+    let mut v = json!({
+        "filter": filter,
+        "qos": r.options.qos as u8,
+        "no_local": r.options.no_local,
+        "retain_as_published": r.options.retain_as_published,
+        "retain_handling": r.options.retain_handling as u8,
+        "subscription_id": r.sub_id,
+    });
+    if let Some(id) = client_id {
+        v["client_id"] = json!(id);
+    }
+    v
+}
+
+async fn clients(State(admin): Shared, query: Result<Query<ClientFilter>, QueryRejection>) -> Response {
+    let Query(f) = match query {
+        Ok(q) => q,
+        Err(e) => return bad_query(e),
+    };
+    let state = f.state.as_deref();
+    if !matches!(state, None | Some("connected" | "offline")) {
+        return error(StatusCode::BAD_REQUEST, "state is connected or offline");
+    }
+    let known = Transport::ALL.iter().map(|t| t.name()).chain(["in_process"]).collect::<Vec<_>>();
+    if let Some(t) = f.transport.as_deref().filter(|t| !known.contains(t)) {
+        return error(StatusCode::BAD_REQUEST, format!("transport {t:?} is not one of {}", known.join(", ")));
+    }
+    let mut all = admin.broker.clients();
+    all.retain(|c| {
+        f.prefix.as_deref().lets_through(|p| c.client_id.starts_with(p))
+            && f.user
+                .as_deref()
+                .lets_through(|u| c.connection.as_ref().and_then(|(o, _)| o.username.as_deref()) == Some(u))
+            && f.transport.as_deref().lets_through(|t| transport_name(c) == Some(t))
+            && match state {
+                Some("connected") => c.connection.is_some(),
+                Some("offline") => c.connection.is_none(),
+                _ => true,
+            }
+    });
+    all.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+    f.page.of(all.iter().map(|c| client_json(c, false)).collect())
+}
+
+/// `Option<&str>` as a filter: None or "" lets everything through.
+trait OptionalFilter {
+    fn lets_through(&self, keep: impl FnOnce(&str) -> bool) -> bool;
+}
+
+impl OptionalFilter for Option<&str> {
+    fn lets_through(&self, keep: impl FnOnce(&str) -> bool) -> bool {
+        match *self {
+            None | Some("") => true,
+            Some(v) => keep(v),
+        }
+    }
+}
+
+fn no_client(id: &str) -> Response {
+    error(StatusCode::NOT_FOUND, format!("no session of client {id:?} on this node"))
+}
+
+async fn client(State(admin): Shared, Path(id): Path<String>) -> Response {
+    match admin.broker.client(&id) {
+        Some(info) => Json(client_json(&info, true)).into_response(),
+        None => no_client(&id),
+    }
+}
+
+async fn kick(State(admin): Shared, Path(id): Path<String>) -> Response {
+    if admin.broker.kick(&id) {
+        tracing::info!(client_id = %id, "an operator closed the client's connection (API)");
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    match admin.broker.client(&id) {
+        Some(_) => error(StatusCode::CONFLICT, format!("client {id:?} is not connected")),
+        None => no_client(&id),
+    }
+}
+
+async fn client_subscriptions(State(admin): Shared, Path(id): Path<String>) -> Response {
+    match admin.broker.client(&id) {
+        Some(info) => {
+            let data: Vec<Value> =
+                info.subscriptions.iter().map(|(f, r)| subscription_json(None, f, r)).collect();
+            Json(json!({ "data": data })).into_response()
+        }
+        None => no_client(&id),
+    }
+}
+
+/// `POST /clients/{id}/subscriptions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSubscription {
+    filter: String,
+    #[serde(default)]
+    qos: u8,
+    #[serde(default)]
+    no_local: bool,
+    #[serde(default)]
+    retain_as_published: bool,
+}
+
+async fn subscribe(
+    State(admin): Shared,
+    Path(id): Path<String>,
+    body: Result<Json<NewSubscription>, JsonRejection>,
+) -> Response {
+    let Json(s) = match body {
+        Ok(b) => b,
+        Err(e) => return bad_json(e),
+    };
+    let Some(qos) = QoS::from_u8(s.qos) else { return error(StatusCode::BAD_REQUEST, "qos is 0, 1 or 2") };
+    let options = SubscriptionOptions {
+        qos,
+        no_local: s.no_local,
+        retain_as_published: s.retain_as_published,
+        ..Default::default()
+    };
+    match admin.broker.subscribe_for(&id, &s.filter, options, Instant::now()) {
+        None => no_client(&id),
+        Some(reason) if reason.is_error() => error(
+            StatusCode::BAD_REQUEST,
+            format!("subscription to {:?} refused: {}", s.filter, reason.description()),
+        ),
+        Some(reason) => (
+            StatusCode::CREATED,
+            Json(json!({ "filter": s.filter, "reason_code": reason as u8, "reason": reason.description() })),
+        )
+            .into_response(),
+    }
+}
+
+/// `?filter=` of `DELETE /clients/{id}/subscriptions`.
+#[derive(Debug, Deserialize)]
+struct FilterQuery {
+    filter: String,
+}
+
+async fn unsubscribe(
+    State(admin): Shared,
+    Path(id): Path<String>,
+    query: Result<Query<FilterQuery>, QueryRejection>,
+) -> Response {
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return bad_query(e),
+    };
+    match admin.broker.unsubscribe_for(&id, &q.filter, Instant::now()) {
+        None => no_client(&id),
+        Some(true) => StatusCode::NO_CONTENT.into_response(),
+        Some(false) => {
+            error(StatusCode::NOT_FOUND, format!("client {id:?} has no subscription {:?}", q.filter))
+        }
+    }
+}
+
+/// `GET /subscriptions` filters.
+#[derive(Debug, Deserialize)]
+struct SubscriptionFilter {
+    client_id: Option<String>,
+    filter: Option<String>,
+    #[serde(flatten)]
+    page: Page,
+}
+
+async fn subscriptions(
+    State(admin): Shared,
+    query: Result<Query<SubscriptionFilter>, QueryRejection>,
+) -> Response {
+    let Query(f) = match query {
+        Ok(q) => q,
+        Err(e) => return bad_query(e),
+    };
+    let mut clients = admin.broker.clients();
+    clients.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+    let mut out = Vec::new();
+    for c in clients.iter().filter(|c| f.client_id.as_deref().lets_through(|id| &*c.client_id == id)) {
+        let mut subs: Vec<_> = c
+            .subscriptions
+            .iter()
+            .filter(|(filter, _)| f.filter.as_deref().lets_through(|x| &**filter == x))
+            .collect();
+        subs.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(subs.into_iter().map(|(filter, r)| subscription_json(Some(&c.client_id), filter, r)));
+    }
+    f.page.of(out)
+}
+
+fn retained_json(msg: &Message) -> Value {
+    let (payload, encoding) = match std::str::from_utf8(&msg.payload) {
+        Ok(text) => (text.to_string(), "plain"),
+        Err(_) => (base64::engine::general_purpose::STANDARD.encode(&msg.payload), "base64"),
+    };
+    let p = &msg.properties;
+    let users: Vec<Value> =
+        p.user_properties.iter().map(|(k, v)| json!([k.to_string(), v.to_string()])).collect();
+    json!({
+        "topic": msg.topic.to_string(),
+        "qos": msg.qos as u8,
+        "payload": payload,
+        "payload_encoding": encoding,
+        "payload_bytes": msg.payload.len(),
+        "properties": {
+            "content_type": p.content_type.as_ref().map(|s| s.to_string()),
+            "response_topic": p.response_topic.as_ref().map(|s| s.to_string()),
+            "payload_format_indicator": p.payload_format_indicator,
+            "user_properties": users,
+        },
+    })
+}
+
+/// `GET /retained` filters.
+#[derive(Debug, Deserialize)]
+struct RetainedFilter {
+    #[serde(default = "everything")]
+    filter: String,
+    #[serde(flatten)]
+    page: Page,
+}
+
+fn everything() -> String {
+    "#".into()
+}
+
+async fn retained_list(
+    State(admin): Shared,
+    query: Result<Query<RetainedFilter>, QueryRejection>,
+) -> Response {
+    let Query(f) = match query {
+        Ok(q) => q,
+        Err(e) => return bad_query(e),
+    };
+    if !valid_topic_filter(&f.filter) {
+        return error(StatusCode::BAD_REQUEST, format!("{:?} is not a valid topic filter", f.filter));
+    }
+    let mut all = admin.broker.retained_matching(&f.filter, Instant::now());
+    all.sort_by(|a, b| a.topic.cmp(&b.topic));
+    f.page.of(all.iter().map(|m| retained_json(m)).collect())
+}
+
+/// The retained message of exactly `topic`, or the response to give instead.
+fn retained_at(admin: &Admin, topic: &str) -> Result<Arc<Message>, ApiError> {
+    if !valid_topic_name(topic) {
+        return Err(ApiError(StatusCode::BAD_REQUEST, format!("{topic:?} is not a valid topic name")));
+    }
+    let found =
+        admin.broker.retained_matching(topic, Instant::now()).into_iter().find(|m| &*m.topic == topic);
+    found.ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no retained message at {topic:?}")))
+}
+
+async fn retained_one(State(admin): Shared, Path(topic): Path<String>) -> Response {
+    match retained_at(&admin, &topic) {
+        Ok(msg) => Json(retained_json(&msg)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Clears a retained message the MQTT way: an empty retained publish to its topic, which every
+/// node of a cluster and the store apply (subscribers get it as an empty message).
+async fn retained_delete(State(admin): Shared, Path(topic): Path<String>) -> Response {
+    if let Err(e) = retained_at(&admin, &topic) {
+        return e.into_response();
+    }
+    let msg = Message::internal(ByteString::from(topic.as_str()), Bytes::new(), true);
+    let published = admin.broker.publish(msg, Instant::now());
+    if let Err(e) = settle(&admin, published, QoS::AtLeastOnce).await {
+        return e.into_response();
+    }
+    tracing::info!(%topic, "an operator cleared the retained message (API)");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `POST /publish`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPublish {
+    topic: String,
+    #[serde(default)]
+    payload: String,
+    #[serde(default)]
+    payload_encoding: Option<String>,
+    #[serde(default)]
+    qos: u8,
+    #[serde(default)]
+    retain: bool,
+    #[serde(default)]
+    properties: Option<NewProperties>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewProperties {
+    content_type: Option<String>,
+    response_topic: Option<String>,
+    correlation_data: Option<String>,
+    message_expiry_interval: Option<u32>,
+    payload_format_indicator: Option<u8>,
+    #[serde(default)]
+    user_properties: Vec<(String, String)>,
+}
+
+async fn publish(State(admin): Shared, body: Result<Json<NewPublish>, JsonRejection>) -> Response {
+    let Json(p) = match body {
+        Ok(b) => b,
+        Err(e) => return bad_json(e),
+    };
+    let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
+    if !valid_topic_name(&p.topic) || p.topic.is_empty() {
+        return bad(format!("{:?} is not a valid topic name (no wildcards, not empty)", p.topic));
+    }
+    if p.topic.starts_with("$SYS") {
+        return bad("topics under $SYS are the broker's own".into());
+    }
+    if let Some(why) = braid_broker::limits::topic_too_big(&admin.broker.config.limits, &p.topic) {
+        return bad(format!("{:?}: {why}", p.topic));
+    }
+    let Some(qos) = QoS::from_u8(p.qos) else { return bad("qos is 0, 1 or 2".into()) };
+    if p.qos > admin.broker.config.mqtt.max_qos {
+        return bad(format!("qos {} is above mqtt.max_qos ({})", p.qos, admin.broker.config.mqtt.max_qos));
+    }
+    let payload = match p.payload_encoding.as_deref() {
+        None | Some("plain") => Bytes::from(p.payload),
+        Some("base64") => match base64::engine::general_purpose::STANDARD.decode(p.payload.as_bytes()) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => return bad(format!("payload is not base64: {e}")),
+        },
+        Some(other) => return bad(format!("payload_encoding {other:?} is not plain or base64")),
+    };
+    if payload.len() > admin.broker.config.mqtt.max_packet_size as usize {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "payload larger than mqtt.max_packet_size");
+    }
+    let mut properties = braid_proto::Properties::default();
+    if let Some(np) = p.properties {
+        if np.payload_format_indicator.is_some_and(|v| v > 1) {
+            return bad("payload_format_indicator is 0 or 1".into());
+        }
+        if np.response_topic.as_deref().is_some_and(|t| !valid_topic_name(t) || t.is_empty()) {
+            return bad("response_topic is not a valid topic name".into());
+        }
+        properties.content_type = np.content_type.map(ByteString::from);
+        properties.response_topic = np.response_topic.map(ByteString::from);
+        properties.correlation_data = np.correlation_data.map(Bytes::from);
+        properties.message_expiry_interval = np.message_expiry_interval;
+        properties.payload_format_indicator = np.payload_format_indicator;
+        properties.user_properties =
+            np.user_properties.into_iter().map(|(k, v)| (ByteString::from(k), ByteString::from(v))).collect();
+    }
+    let packet = Publish {
+        dup: false,
+        qos,
+        retain: p.retain,
+        topic: ByteString::from(p.topic.as_str()),
+        packet_id: 0,
+        properties,
+        payload,
+    };
+    let now = Instant::now();
+    let msg = Message::from_publish(packet, now, 0, ByteString::from_static("$admin"));
+    admin.broker.metrics.messages_received.add(qos, 1);
+    let published = admin.broker.publish(msg, now);
+    match settle(&admin, published, qos).await {
+        Ok(reason) => Json(json!({ "topic": p.topic, "qos": p.qos, "reason": reason })).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Waits (for QoS 1 and 2, as a PUBACK would) until the message is durable and every remote
+/// subscriber confirmed it; returns the reason a PUBACK would carry.
+async fn settle(
+    admin: &Admin,
+    published: braid_broker::broker::Published,
+    qos: QoS,
+) -> Result<&'static str, ApiError> {
+    if qos == QoS::AtMostOnce {
+        return Ok(ReasonCode::Success.description());
+    }
+    let store = &admin.broker.store;
+    let wait = async {
+        if store.sync() && published.ticket > 0 {
+            let mut durable = store.durable();
+            if durable.wait_for(|t| *t >= published.ticket).await.is_err() {
+                return ReasonCode::UnspecifiedError;
+            }
+        }
+        for confirm in published.confirms {
+            let reason = confirm.await;
+            if reason.is_error() {
+                return reason;
+            }
+        }
+        ReasonCode::Success
+    };
+    match tokio::time::timeout(Duration::from_secs(10), wait).await {
+        Ok(r) if !r.is_error() => Ok(r.description()),
+        Ok(r) => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("not accepted: {}", r.description()))),
+        Err(_) => Err(ApiError(StatusCode::GATEWAY_TIMEOUT, "not confirmed within 10 s".into())),
+    }
+}
+
+fn reported(admin: &Admin, collection: &str) -> Vec<Value> {
+    admin.broker.reports().iter().filter(|r| r.collection() == collection).flat_map(|r| r.entries()).collect()
+}
+
+async fn nodes(State(admin): Shared) -> Json<Value> {
+    let mut data = reported(&admin, "nodes");
+    if data.is_empty() {
+        data.push(json!({ "name": "local", "this_node": true, "state": "up", "clustered": false }));
+    }
+    Json(json!({ "data": data }))
+}
+
+async fn bridges(State(admin): Shared) -> Json<Value> {
+    Json(json!({ "data": reported(&admin, "bridges") }))
+}
+
+/// Does what SIGHUP does: sends it to this process.
+async fn reload() -> Response {
+    match rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::HUP) {
+        Ok(()) => (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "reloading": ["auth.password_file", "acl.file", "tls certificates"],
+                "restart_needed": "every other key: a changed configuration file takes effect at the next start",
+            })),
+        )
+            .into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot signal this process: {e}")),
+    }
+}
