@@ -72,24 +72,18 @@ fn bad_json(e: JsonRejection) -> Response {
     error(e.status(), format!("bad JSON body: {}", e.body_text()))
 }
 
-/// `?page=&limit=`.
-#[derive(Debug, Deserialize)]
+/// `?page=&limit=`, in each list's query (serde's `flatten` cannot read numbers from a query).
+#[derive(Debug)]
 struct Page {
-    #[serde(default = "first_page")]
     page: usize,
-    #[serde(default = "default_limit")]
     limit: usize,
 }
 
-fn first_page() -> usize {
-    1
-}
-
-fn default_limit() -> usize {
-    100
-}
-
 impl Page {
+    fn new(page: Option<usize>, limit: Option<usize>) -> Page {
+        Page { page: page.unwrap_or(1), limit: limit.unwrap_or(100) }
+    }
+
     /// `items`' page as `{"data", "meta"}`, or a 400 for a page or limit out of range.
     fn of(&self, items: Vec<Value>) -> Response {
         if self.page == 0 || self.limit == 0 || self.limit > 1000 {
@@ -197,8 +191,8 @@ struct ClientFilter {
     user: Option<String>,
     transport: Option<String>,
     state: Option<String>,
-    #[serde(flatten)]
-    page: Page,
+    page: Option<usize>,
+    limit: Option<usize>,
 }
 
 fn protocol(v: ProtocolVersion) -> u8 {
@@ -284,7 +278,7 @@ async fn clients(State(admin): Shared, query: Result<Query<ClientFilter>, QueryR
             }
     });
     all.sort_by(|a, b| a.client_id.cmp(&b.client_id));
-    f.page.of(all.iter().map(|c| client_json(c, false)).collect())
+    Page::new(f.page, f.limit).of(all.iter().map(|c| client_json(c, false)).collect())
 }
 
 /// `Option<&str>` as a filter: None or "" lets everything through.
@@ -406,8 +400,8 @@ async fn unsubscribe(
 struct SubscriptionFilter {
     client_id: Option<String>,
     filter: Option<String>,
-    #[serde(flatten)]
-    page: Page,
+    page: Option<usize>,
+    limit: Option<usize>,
 }
 
 async fn subscriptions(
@@ -430,7 +424,7 @@ async fn subscriptions(
         subs.sort_by(|a, b| a.0.cmp(&b.0));
         out.extend(subs.into_iter().map(|(filter, r)| subscription_json(Some(&c.client_id), filter, r)));
     }
-    f.page.of(out)
+    Page::new(f.page, f.limit).of(out)
 }
 
 fn retained_json(msg: &Message) -> Value {
@@ -461,8 +455,8 @@ fn retained_json(msg: &Message) -> Value {
 struct RetainedFilter {
     #[serde(default = "everything")]
     filter: String,
-    #[serde(flatten)]
-    page: Page,
+    page: Option<usize>,
+    limit: Option<usize>,
 }
 
 fn everything() -> String {
@@ -482,7 +476,7 @@ async fn retained_list(
     }
     let mut all = admin.broker.retained_matching(&f.filter, Instant::now());
     all.sort_by(|a, b| a.topic.cmp(&b.topic));
-    f.page.of(all.iter().map(|m| retained_json(m)).collect())
+    Page::new(f.page, f.limit).of(all.iter().map(|m| retained_json(m)).collect())
 }
 
 /// The retained message of exactly `topic`, or the response to give instead.

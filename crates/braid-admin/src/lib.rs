@@ -18,7 +18,7 @@ mod prom;
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use axum::extract::{Request, State};
@@ -43,7 +43,8 @@ use keys::ApiKeys;
 #[derive(Debug)]
 pub(crate) struct Admin {
     pub(crate) broker: Arc<Broker>,
-    pub(crate) keys: Option<ApiKeys>,
+    /// The API keys, when `admin.api_keys_file` is set; read again on SIGHUP.
+    pub(crate) keys: Option<RwLock<ApiKeys>>,
     pub(crate) listeners: Vec<(Transport, SocketAddr)>,
     pub(crate) http: SocketAddr,
 }
@@ -70,7 +71,9 @@ impl AdminListener {
             io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"))
         };
         let keys = match &config.admin.api_keys_file {
-            Some(path) => Some(ApiKeys::load(path).map_err(|e| invalid("admin.api_keys_file", &e))?),
+            Some(path) => {
+                Some(RwLock::new(ApiKeys::load(path).map_err(|e| invalid("admin.api_keys_file", &e))?))
+            }
             None => None,
         };
         let tls = match config.admin.tls {
@@ -102,6 +105,9 @@ impl AdminListener {
         }
         if let Some(tls) = &self.tls {
             tokio::spawn(tls.clone().watch(broker.shutdown.clone()));
+        }
+        if self.admin.keys.is_some() {
+            tokio::spawn(reload_keys_on_sighup(self.admin.clone()));
         }
         let app = router(self.admin.clone());
         loop {
@@ -143,6 +149,26 @@ impl AdminListener {
     }
 }
 
+/// Reads the API keys file again on every SIGHUP; a file that does not load leaves the keys
+/// as they were.
+async fn reload_keys_on_sighup(admin: Arc<Admin>) {
+    let (Some(keys), Some(path)) = (&admin.keys, &admin.broker.config.admin.api_keys_file) else { return };
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+    loop {
+        tokio::select! {
+            got = hup.recv() => if got.is_none() { return },
+            _ = admin.broker.shutdown.cancelled() => return,
+        }
+        match ApiKeys::load(path) {
+            Ok(new) => {
+                *keys.write().unwrap_or_else(|e| e.into_inner()) = new;
+                info!(file = %path.display(), "API keys reloaded (SIGHUP)");
+            }
+            Err(e) => warn!("API keys not reloaded, keeping the old ones: {e}"),
+        }
+    }
+}
+
 /// Every route, behind the API key check.
 fn router(admin: Arc<Admin>) -> Router {
     Router::new()
@@ -167,18 +193,7 @@ async fn authenticate(State(admin): State<Arc<Admin>>, request: Request, next: N
         return next.run(request).await;
     }
     let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let ok = given.is_some_and(|value| match value.split_once(' ') {
-        Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") => {
-            keys.check(key.trim(), None).is_some()
-        }
-        Some((scheme, encoded)) if scheme.eq_ignore_ascii_case("basic") => {
-            let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok();
-            let text = decoded.and_then(|d| String::from_utf8(d).ok());
-            text.and_then(|t| t.split_once(':').map(|(n, k)| keys.check(k, Some(n)).is_some()))
-                .unwrap_or(false)
-        }
-        _ => false,
-    });
+    let ok = given.is_some_and(|value| key_valid(&keys.read().unwrap_or_else(|e| e.into_inner()), value));
     if ok {
         return next.run(request).await;
     }
@@ -195,4 +210,20 @@ async fn authenticate(State(admin): State<Arc<Admin>>, request: Request, next: N
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"braid\""));
     response
+}
+
+/// True if an `Authorization` header's value carries one of `keys`.
+fn key_valid(keys: &ApiKeys, value: &str) -> bool {
+    match value.split_once(' ') {
+        Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") => {
+            keys.check(key.trim(), None).is_some()
+        }
+        Some((scheme, encoded)) if scheme.eq_ignore_ascii_case("basic") => {
+            let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok();
+            let text = decoded.and_then(|d| String::from_utf8(d).ok());
+            text.and_then(|t| t.split_once(':').map(|(n, k)| keys.check(k, Some(n)).is_some()))
+                .unwrap_or(false)
+        }
+        _ => false,
+    }
 }

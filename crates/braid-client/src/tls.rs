@@ -106,12 +106,9 @@ pub(crate) fn rustls_config(
     Ok(config)
 }
 
-/// Runs the TLS handshake on `stream` to `host` (or `opts.server_name`).
-pub(crate) async fn connect(
-    stream: TcpStream,
-    host: &str,
-    opts: &TlsOptions,
-) -> io::Result<TlsStream<TcpStream>> {
+/// Runs the TLS handshake on `stream` to `host` (or `opts.server_name`): for MQTT over TLS,
+/// and for other protocols that share the options (`braid ctl`'s HTTPS).
+pub async fn connect(stream: TcpStream, host: &str, opts: &TlsOptions) -> io::Result<TlsStream<TcpStream>> {
     let name = opts.server_name.as_deref().unwrap_or(host);
     let name = ServerName::try_from(name.to_string())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("TLS server name {name:?}: {e}")))?;

@@ -37,6 +37,10 @@ enum Command {
     Sub(cli::subscribe::SubArgs),
     /// Add, change or delete (-D) a user in a password file: `braid passwd FILE USER`.
     Passwd(cli::passwd::PasswdArgs),
+    /// Add, list or delete keys of the HTTP admin API: `braid apikey add FILE NAME`.
+    Apikey(cli::apikey::ApiKeyArgs),
+    /// Operate a running broker through its HTTP admin API: `braid ctl clients|kick|...`.
+    Ctl(cli::ctl::CtlArgs),
 }
 
 #[derive(clap::Args)]
@@ -60,6 +64,8 @@ fn main() -> ExitCode {
         Command::Pub(args) => cli::publish::run(args),
         Command::Sub(args) => cli::subscribe::run(args),
         Command::Passwd(args) => cli::passwd::run(args),
+        Command::Apikey(args) => cli::apikey::run(args),
+        Command::Ctl(args) => cli::ctl::run(args),
     }
 }
 

@@ -2,6 +2,8 @@
 //! mosquitto_sub flags, built on braid-client. This module holds what both share: connection
 //! flags, v5 properties (`-D`, `--user-property`), parsing helpers and exit codes.
 
+pub(crate) mod apikey;
+pub(crate) mod ctl;
 pub(crate) mod passwd;
 pub(crate) mod publish;
 pub(crate) mod subscribe;
