@@ -5,10 +5,12 @@ which runs the same tests against Debian's Mosquitto to check that the tests the
 """
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -75,6 +77,22 @@ class Broker:
     def log_text(self):
         with open(self.log.name, errors="replace") as f:
             return f.read()
+
+    def admin_url(self, timeout=10.0):
+        """http://HOST:PORT of the HTTP admin listener, from the log line that announces it."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.search(r"listening for HTTP .*addr=(\S+)", self.log_text())
+            if m:
+                return f"http://{m.group(1)}"
+            time.sleep(0.05)
+        raise AssertionError(f"no HTTP admin listener in the log {self.log.name}")
+
+    def admin_get(self, path):
+        """GET `path` on the admin listener: the JSON reply (or text for /metrics)."""
+        with urllib.request.urlopen(self.admin_url() + path, timeout=10) as r:
+            text = r.read().decode()
+        return text if path == "/metrics" else json.loads(text)
 
     def kill(self):
         """SIGKILL: the broker gets no chance to write anything more."""

@@ -186,6 +186,10 @@ def test_out_with_prefixes_qos_and_retain(version, remote, bridged, connect, mos
     late.subscribe(f"remote/{uid}/state", 1)
     r = late.get_message()
     assert (r.payload, r.retain) == (b"kept", True)
+    # The admin API lists the bridge with its counts, and /metrics has them.
+    [entry] = [x for x in b.admin_get("/api/v1/bridges")["data"] if x["name"] == uid]
+    assert (entry["kind"], entry["state"], entry["out_sent"]) == ("mqtt", "up", 4), entry
+    assert f'braid_bridge_sent_total{{kind="mqtt",bridge="{uid}"}} 4' in b.admin_get("/metrics")
 
 
 @pytest.mark.parametrize("version", ["mqttv5", "mqttv311"])
@@ -529,3 +533,8 @@ def test_in_a_cluster_each_message_crosses_the_bridge_once(remote, braid_cluster
     got = [x.payload for x in rsub.wait_messages(20, timeout=WAIT)]
     rsub.expect_no_message(1.0)
     assert sorted(got) == sorted(f"out-{i}-{j:02d}".encode() for i in (1, 2) for j in range(10)), got
+    # Each node's admin API lists both nodes, itself marked.
+    for n in nodes:
+        listed = n.admin_get("/api/v1/nodes")["data"]
+        assert sorted((x["name"], x["this_node"]) for x in listed) == sorted(
+            (o.node, o.node == n.node) for o in nodes), listed

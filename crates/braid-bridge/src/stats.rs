@@ -1,11 +1,13 @@
 //! A bridge's counters and state, published under `$SYS/bridges/<kind>/<name>/...` every
-//! `sys.interval_secs` (retained, as the broker's own `$SYS` topics).
+//! `sys.interval_secs` (retained, as the broker's own `$SYS` topics), listed by the admin API
+//! (`/api/v1/bridges`) and exported to its metrics.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use braid_broker::message::Message;
+use braid_broker::report::{Report, Sample};
 use braid_broker::Broker;
 use braid_proto::{ByteString, Bytes};
 
@@ -69,16 +71,127 @@ impl Stats {
     }
 }
 
-/// Publishes `stats` under `$SYS/bridges/<kind>/<name>/` until the broker shuts down (not at
-/// all if `sys.interval_secs` is 0), with `out/queued`, what the session of `outbox` (a client
-/// id) holds, if the bridge has one.
-pub(crate) async fn publish(
-    broker: Arc<Broker>,
+/// One bridge as operators see it: its counters and its outbox's depth, published under
+/// `$SYS/bridges/<kind>/<name>/` and reported to the admin API and metrics.
+#[derive(Debug)]
+pub(crate) struct Watched {
     kind: &'static str,
     name: String,
     stats: Arc<Stats>,
+    /// The client id of its outbox's session, if it has one.
     outbox: Option<String>,
-) {
+    broker: Weak<Broker>,
+}
+
+impl Watched {
+    /// Watches bridge `name` of `kind`: registers it with the broker's reports and publishes
+    /// its `$SYS` topics until the broker shuts down (none if `sys.interval_secs` is 0).
+    pub(crate) fn start(
+        broker: &Arc<Broker>,
+        kind: &'static str,
+        name: String,
+        stats: Arc<Stats>,
+        outbox: Option<String>,
+    ) {
+        let watched = Arc::new(Watched { kind, name, stats, outbox, broker: Arc::downgrade(broker) });
+        broker.add_report(watched.clone());
+        tokio::spawn(publish(broker.clone(), watched));
+    }
+
+    /// Its counters, by `$SYS` subtopic; `out/queued` when it has an outbox.
+    fn values(&self, broker: &Broker) -> Vec<(&'static str, u64)> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.stats;
+        let mut values = vec![
+            ("out/sent", get(&s.sent)),
+            ("out/failed", get(&s.failed)),
+            ("out/dropped", get(&s.dropped)),
+            ("out/inflight", get(&s.in_flight)),
+            ("in/received", get(&s.received)),
+            ("in/skipped", get(&s.skipped)),
+        ];
+        if let Some(outbox) = &self.outbox {
+            values.push(("out/queued", broker.held_for(outbox).unwrap_or(0) as u64));
+        }
+        values
+    }
+
+    fn state(&self) -> &'static str {
+        if self.stats.up.load(Ordering::Relaxed) {
+            "up"
+        } else {
+            "down"
+        }
+    }
+}
+
+impl Report for Watched {
+    fn collection(&self) -> &'static str {
+        "bridges"
+    }
+
+    fn entries(&self) -> Vec<serde_json::Value> {
+        let Some(broker) = self.broker.upgrade() else { return Vec::new() };
+        let mut entry = serde_json::json!({ "name": self.name, "kind": self.kind, "state": self.state() });
+        for (key, value) in self.values(&broker) {
+            entry[key.replace('/', "_")] = value.into();
+        }
+        vec![entry]
+    }
+
+    fn samples(&self, out: &mut Vec<Sample>) {
+        let Some(broker) = self.broker.upgrade() else { return };
+        let labelled = |s: Sample| s.with("kind", self.kind).with("bridge", self.name.clone());
+        out.push(labelled(Sample::gauge(
+            "braid_bridge_up",
+            "1 while the bridge's other side answers.",
+            f64::from(u8::from(self.state() == "up")),
+        )));
+        for (key, value) in self.values(&broker) {
+            let sample = match key {
+                "out/sent" => Sample::counter(
+                    "braid_bridge_sent_total",
+                    "Messages bridged out and acknowledged by the other side.",
+                    value,
+                ),
+                "out/failed" => Sample::counter(
+                    "braid_bridge_failed_total",
+                    "Messages the other side failed to take, sent again.",
+                    value,
+                ),
+                "out/dropped" => Sample::counter(
+                    "braid_bridge_dropped_total",
+                    "Messages that could never be bridged out.",
+                    value,
+                ),
+                "out/inflight" => Sample::gauge(
+                    "braid_bridge_inflight_messages",
+                    "Messages handed to the other side, not yet acknowledged.",
+                    value as f64,
+                ),
+                "out/queued" => Sample::gauge(
+                    "braid_bridge_queued_messages",
+                    "Messages waiting in the bridge's outbox.",
+                    value as f64,
+                ),
+                "in/received" => Sample::counter(
+                    "braid_bridge_received_total",
+                    "Messages brought in and published in Braid.",
+                    value,
+                ),
+                _ => Sample::counter(
+                    "braid_bridge_skipped_total",
+                    "Records brought in that could not be published.",
+                    value,
+                ),
+            };
+            out.push(labelled(sample));
+        }
+    }
+}
+
+/// Publishes `watched`'s state and counters until the broker shuts down.
+async fn publish(broker: Arc<Broker>, watched: Arc<Watched>) {
     let secs = broker.config.sys.interval_secs;
     if secs == 0 {
         return;
@@ -89,20 +202,9 @@ pub(crate) async fn publish(
             _ = tick.tick() => {}
             _ = broker.shutdown.cancelled() => return,
         }
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
-        let state = if stats.up.load(Ordering::Relaxed) { "up" } else { "down" };
-        let values = [
-            ("state", state.to_string()),
-            ("out/sent", get(&stats.sent)),
-            ("out/failed", get(&stats.failed)),
-            ("out/dropped", get(&stats.dropped)),
-            ("out/inflight", get(&stats.in_flight)),
-            ("in/received", get(&stats.received)),
-            ("in/skipped", get(&stats.skipped)),
-        ];
-        let queued = outbox.as_deref().map(|o| ("out/queued", broker.held_for(o).unwrap_or(0).to_string()));
-        for (topic, value) in values.into_iter().chain(queued) {
-            let topic = ByteString::from(format!("$SYS/bridges/{kind}/{name}/{topic}"));
+        let values = watched.values(&broker).into_iter().map(|(k, v)| (k, v.to_string()));
+        for (topic, value) in std::iter::once(("state", watched.state().to_string())).chain(values) {
+            let topic = ByteString::from(format!("$SYS/bridges/{}/{}/{topic}", watched.kind, watched.name));
             let _ = broker.publish(Message::internal(topic, Bytes::from(value), true), Instant::now());
         }
     }

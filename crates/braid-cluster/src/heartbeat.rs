@@ -70,6 +70,7 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
             }
         }
         if let Ok(nodes) = membership::live_nodes(&shared, &mut conn).await {
+            shared.live.lock().clone_from(&nodes);
             let list = format!("[{}]", nodes.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(","));
             if list != nodes_seen {
                 info!(nodes = %list, "cluster: nodes");

@@ -25,6 +25,7 @@ mod keys;
 mod membership;
 mod reaper;
 mod redis;
+mod report;
 mod retained;
 mod routes;
 mod sessions;
@@ -108,6 +109,8 @@ struct Shared {
     retained_applied: tokio::sync::watch::Sender<(u64, u64)>,
     /// Handovers this node waits for, by client id.
     handovers: Mutex<HashMap<ByteString, oneshot::Sender<()>>>,
+    /// The live nodes, as the heartbeat last read them.
+    live: Mutex<Vec<String>>,
 }
 
 impl Node {
@@ -148,6 +151,7 @@ impl Node {
             confirmed: std::sync::atomic::AtomicU64::new(0),
             relays: Mutex::new(HashMap::new()),
             retained_applied: tokio::sync::watch::Sender::new((0, 0)),
+            live: Mutex::new(Vec::new()),
         });
         Ok(Node { shared, writer, retained_from })
     }
@@ -179,6 +183,7 @@ impl Node {
         tokio::spawn(inbox::run(shared.clone(), broker.clone(), on_release).await?);
         tokio::spawn(retained::follow(shared.clone(), broker.clone(), self.retained_from));
         tokio::spawn(heartbeat::run(shared.clone(), broker.clone()));
+        broker.add_report(Arc::new(report::Nodes(shared.clone())));
         tokio::spawn(reaper::run(shared.clone(), broker.clone()));
         Ok(Member { shared })
     }

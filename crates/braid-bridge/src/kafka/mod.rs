@@ -20,7 +20,7 @@ use braid_broker::config::{ConfigError, KafkaAck, KafkaBridgeConfig};
 use braid_broker::Broker;
 use braid_proto::topic::valid_topic_filter;
 
-use crate::stats::{self, Stats};
+use crate::stats::{Stats, Watched};
 use crate::template::Template;
 
 /// What an `out` topic or key template may name (and `${1}`, `${2}`...: the topic's levels).
@@ -134,7 +134,7 @@ pub(crate) fn start(broker: &Arc<Broker>, config: KafkaBridgeConfig) {
     info!(bridge = %config.name, brokers = ?config.brokers, out = config.out.len(), r#in = config.inbound.len(), "kafka bridge starting");
     let outbox = (config.ack == KafkaAck::Log && !config.out.is_empty())
         .then(|| crate::client_id(broker, &out::outbox_id(&config.name)));
-    tokio::spawn(stats::publish(broker.clone(), "kafka", config.name.clone(), stats.clone(), outbox));
+    Watched::start(broker, "kafka", config.name.clone(), stats.clone(), outbox);
     match config.ack {
         _ if config.out.is_empty() => {}
         KafkaAck::Log => drop(tokio::spawn(out::run(broker.clone(), config.clone(), stats.clone()))),

@@ -28,7 +28,7 @@ use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
 use braid_proto::topic::{intersects, valid_topic_name};
 
-use crate::stats::{self, Stats};
+use crate::stats::{Stats, Watched};
 use topics::Line;
 
 /// Transports a bridge may use towards the remote.
@@ -150,7 +150,7 @@ pub(crate) fn start(broker: &Arc<Broker>, config: MqttBridgeConfig) {
     info!(bridge = %config.name, address = %config.address, transport = %config.transport, remote_client_id = %remote_id, lines = lines.len(), "mqtt bridge starting");
     say_about_loops(&config, &lines);
     let outbox = crate::client_id(broker, &session::local_id(&config.name));
-    tokio::spawn(stats::publish(broker.clone(), "mqtt", config.name.clone(), stats.clone(), Some(outbox)));
+    Watched::start(broker, "mqtt", config.name.clone(), stats.clone(), Some(outbox));
     let bridge = Bridge {
         broker: broker.clone(),
         config,

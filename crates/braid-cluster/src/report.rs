@@ -1,0 +1,60 @@
+//! The cluster as operators see it: the live nodes, listed by the admin API
+//! (`/api/v1/nodes`) and counted in its metrics.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use braid_broker::report::{Report, Sample};
+
+use crate::Shared;
+
+/// The live nodes, as the heartbeat last read them, and whether this node serves.
+pub(crate) struct Nodes(pub(crate) Arc<Shared>);
+
+impl std::fmt::Debug for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Nodes").field(&self.0.me).finish()
+    }
+}
+
+impl Report for Nodes {
+    fn collection(&self) -> &'static str {
+        "nodes"
+    }
+
+    fn entries(&self) -> Vec<serde_json::Value> {
+        let shared = &self.0;
+        let serving = shared.serving.load(Ordering::Relaxed);
+        let mut live = shared.live.lock().clone();
+        if !live.contains(&shared.me) {
+            live.push(shared.me.clone());
+        }
+        live.sort();
+        live.into_iter()
+            .map(|name| {
+                let this = name == shared.me;
+                let state = match (this, serving) {
+                    (true, false) => "cut_off",
+                    _ => "up",
+                };
+                serde_json::json!({ "name": name, "this_node": this, "state": state, "clustered": true })
+            })
+            .collect()
+    }
+
+    fn samples(&self, out: &mut Vec<Sample>) {
+        let shared = &self.0;
+        let nodes = shared.live.lock().len();
+        out.push(Sample::gauge(
+            "braid_cluster_nodes",
+            "Live nodes of the cluster, as this node last read them.",
+            nodes as f64,
+        ));
+        let serving = f64::from(u8::from(shared.serving.load(Ordering::Relaxed)));
+        out.push(Sample::gauge(
+            "braid_cluster_serving",
+            "1 while this node serves (its lease is held).",
+            serving,
+        ));
+    }
+}
