@@ -64,7 +64,7 @@ def admin_broker(make_broker, **extra):
 
 
 def ctl(port, *args, key=None):
-    env = dict(os.environ, BRAID_ADMIN_URL=f"http://127.0.0.1:{port}")
+    env = dict(os.environ, BRAID_CTL_URL=f"http://127.0.0.1:{port}")
     if key:
         env["BRAID_API_KEY"] = key
     return subprocess.run([BRAID_BIN, "ctl", *args], capture_output=True, text=True, timeout=30, env=env)

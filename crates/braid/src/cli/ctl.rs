@@ -18,7 +18,7 @@ use braid_client::TlsOptions;
 #[derive(clap::Args, Debug)]
 pub(crate) struct CtlArgs {
     /// The admin listener: http://HOST:PORT or https://HOST:PORT.
-    #[arg(long, env = "BRAID_ADMIN_URL", default_value = "http://127.0.0.1:18083")]
+    #[arg(long, env = "BRAID_CTL_URL", default_value = "http://127.0.0.1:18083")]
     url: String,
     /// An API key (`braid apikey add`), when the broker asks for one.
     #[arg(long, env = "BRAID_API_KEY", hide_env_values = true)]
