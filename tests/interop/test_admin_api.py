@@ -15,6 +15,7 @@ import pytest
 from paho.mqtt.client import MQTTv5
 
 import helpers
+from bridgeutil import BridgedBraid
 from conftest import BRAID_BIN, free_port
 
 pytestmark = pytest.mark.braid_only
@@ -243,7 +244,7 @@ def test_api_keys_from_braid_apikey_guard_everything_but_health(make_broker, tmp
     # A second key, loaded on reload (POST /api/v1/reload = SIGHUP), without a restart.
     second = subprocess.run([BRAID_BIN, "apikey", "add", str(keys), "ci"], capture_output=True, text=True).stdout.strip()
     assert Api(port, key=second).get("/api/v1/stats")[0] == 401
-    assert Api(port, key=key).call("POST", "/api/v1/reload")[0] == 202
+    assert Api(port, key=key).call("POST", "/api/v1/reload")[0] == 200
     deadline = time.time() + 5
     while Api(port, key=second).get("/api/v1/stats")[0] != 200:
         assert time.time() < deadline, "the new key was not loaded on reload"
@@ -282,3 +283,40 @@ def test_braid_ctl_lists_kicks_publishes_and_reports_errors(make_broker, connect
     status = ctl(port, "--json", "status")
     assert json.loads(status.stdout)["connections"]["accepted"]["tcp"] >= 1
     assert "braid_messages_received_total" in ctl(port, "metrics").stdout
+
+
+def test_reload_applies_limits_live_names_restart_keys_and_refuses_a_bad_file(tmp_path, connect):
+    """SIGHUP (here through POST /api/v1/reload) reads the file again: limits change without
+    dropping anyone, a key that needs a restart is named, a bad file is refused whole."""
+    conf = tmp_path / "braid.toml"
+
+    def write(max_connections, extra=""):
+        conf.write_text(f'[limits]\nmax_connections = {max_connections}\n[sys]\ninterval_secs = 0\n{extra}')
+
+    write(2)
+    b = BridgedBraid(conf.read_text(), str(tmp_path / "b"), "reload")
+    try:
+        api = Api(int(b.admin_url().rsplit(":", 1)[1]))
+        first = [connect(b) for _ in range(2)]
+        refused = helpers.MqttClient(b)
+        with pytest.raises(Exception):
+            refused.connect(timeout=2)
+        refused.close()
+        write(5, '[mqtt]\nmax_qos = 1\n')
+        with open(b.config_file, "w") as f:
+            f.write(conf.read_text())
+        status, r = api.call("POST", "/api/v1/reload")
+        assert status == 200, r
+        assert r["changed"] == ["limits.max_connections"], r
+        assert r["restart_needed"] == ["mqtt.max_qos"], r
+        more = [connect(b) for _ in range(3)]
+        assert all(c.is_connected() for c in first + more), "nobody was dropped by the reload"
+        # A file that does not load is refused whole; the running configuration stays.
+        with open(b.config_file, "w") as f:
+            f.write(conf.read_text() + "\n[limits]\nmax_connections = -1\n")
+        status, r = api.call("POST", "/api/v1/reload")
+        assert status == 400 and "the running one stays" in r["error"], r
+        assert all(c.is_connected() for c in first + more)
+        assert "SIGHUP: the new configuration is refused" in b.log_text()
+    finally:
+        b.stop()

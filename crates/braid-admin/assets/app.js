@@ -140,6 +140,7 @@
     }
     const said = body && typeof body.error === 'string' ? body.error : `${res.status} ${res.statusText}`;
     if (res.status === 401) {
+      setStatus(false, 'API key needed');
       askForKey(key ? said : null);
       throw new ApiError(401, said, 'UNAUTHORIZED');
     }
@@ -507,7 +508,7 @@
       set(tiles.connected, fmtNumber(s.connections.connected), `peak ${fmtNumber(s.connections.maximum)}${byTransport ? ` · ${byTransport}` : ''}`);
       set(tiles.sessions, fmtNumber(s.sessions), `${fmtNumber(s.connections.parked)} parked`);
       set(tiles.subscriptions, fmtNumber(s.subscriptions));
-      set(tiles.retained, fmtNumber(s.retained));
+      set(tiles.retained, fmtNumber(s.retained), 'with the broker\'s own under $SYS');
       set(tiles.queued, fmtNumber(s.queued), `${fmtNumber(s.inflight)} in flight`);
       set(tiles.rateIn, last.in === null ? dash : fmtNumber(last.in), `${fmtBytes(s.bytes.received)} received`);
       set(tiles.rateOut, last.out === null ? dash : fmtNumber(last.out), `${fmtBytes(s.bytes.sent)} sent`);
@@ -575,7 +576,7 @@
         label: '', class: 'actions',
         cell: (c) => (c.connected
           ? h('button', { type: 'button', class: 'danger', 'data-testid': `kick-${c.client_id}`, onclick: () => kick(view, c.client_id, () => poller.now()) }, 'Kick')
-          : ''),
+          : h('span')),
       },
     ];
     const poller = every(2000, async () => {
@@ -701,7 +702,10 @@
       }, 300),
     });
     const box = h('div', { 'data-testid': 'retained-table' });
-    view.append(pageHeader('Retained messages'), h('div', { class: 'toolbar' }, filter), box);
+    view.append(pageHeader('Retained messages'),
+      h('div', { class: 'toolbar' }, filter,
+        h('span', { class: 'hint' }, 'A filter starting with # or + leaves out the broker\'s own topics: $SYS/# shows those.')),
+      box);
 
     const remove = async (topic) => {
       if (!window.confirm(`Delete the retained message of "${topic}"?`)) return;
@@ -749,7 +753,8 @@
     const keys = [...first];
     for (const r of rows) for (const k of Object.keys(r)) if (!keys.includes(k)) keys.push(k);
     const present = keys.filter((k) => rows.some((r) => k in r));
-    return present.map((k) => ({ label: k.replace(/_/g, ' '), cell: (r) => r[k] }));
+    const badge = (v) => h('span', { class: `badge ${v === 'up' ? 'on' : 'off'}` }, fmtValue(v));
+    return present.map((k) => ({ label: k.replace(/_/g, ' '), cell: (r) => (k === 'state' ? badge(r[k]) : r[k]) }));
   }
 
   function listPage(title, path, testid, columns, empty) {

@@ -552,7 +552,7 @@ async fn publish(State(admin): Shared, body: Result<Json<NewPublish>, JsonReject
     if p.topic.starts_with("$SYS") {
         return bad("topics under $SYS are the broker's own".into());
     }
-    if let Some(why) = braid_broker::limits::topic_too_big(&admin.broker.config.limits, &p.topic) {
+    if let Some(why) = braid_broker::limits::topic_too_big(&admin.broker.live().limits, &p.topic) {
         return bad(format!("{:?}: {why}", p.topic));
     }
     let Some(qos) = QoS::from_u8(p.qos) else { return bad("qos is 0, 1 or 2".into()) };
@@ -654,17 +654,29 @@ async fn bridges(State(admin): Shared) -> Json<Value> {
     Json(json!({ "data": reported(&admin, "bridges") }))
 }
 
-/// Does what SIGHUP does: sends it to this process.
-async fn reload() -> Response {
-    match rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::HUP) {
-        Ok(()) => (
-            StatusCode::ACCEPTED,
-            Json(json!({
-                "reloading": ["auth.password_file", "acl.file", "tls certificates"],
-                "restart_needed": "every other key: a changed configuration file takes effect at the next start",
-            })),
-        )
-            .into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot signal this process: {e}")),
+/// Raises SIGHUP, which reloads the configuration and the files, and replies with the
+/// reload's outcome: 200 with the keys changed live and those that need a restart, or 400
+/// naming the problem of a configuration that was refused (the running one stays).
+async fn reload(State(admin): Shared) -> Response {
+    let mut reloads = admin.reloads.clone();
+    let before = reloads.as_ref().map(|r| r.borrow().seq);
+    if let Err(e) = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::HUP) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot signal this process: {e}"));
+    }
+    let (Some(reloads), Some(before)) = (reloads.as_mut(), before) else {
+        let body = json!({ "reloading": "the files (this process reloads no configuration)" });
+        return (StatusCode::ACCEPTED, Json(body)).into_response();
+    };
+    let done = tokio::time::timeout(Duration::from_secs(10), reloads.wait_for(|r| r.seq > before)).await;
+    let outcome = match done {
+        Ok(Ok(r)) => r.outcome.clone(),
+        _ => return error(StatusCode::GATEWAY_TIMEOUT, "the reload did not finish within 10 s"),
+    };
+    match outcome {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error(
+            StatusCode::BAD_REQUEST,
+            format!("the new configuration is refused, the running one stays: {e}"),
+        ),
     }
 }

@@ -39,6 +39,16 @@ use braid_broker::Broker;
 
 use keys::ApiKeys;
 
+/// The outcome of a configuration reload (SIGHUP), as the process announces it: numbered from
+/// 1, with the changes applied (a JSON object) or why the new configuration was refused.
+#[derive(Debug, Clone)]
+pub struct Reloaded {
+    /// Which reload this was (0: none yet).
+    pub seq: u64,
+    /// What it changed, or why it was refused.
+    pub outcome: Result<serde_json::Value, String>,
+}
+
 /// What the API shares: the broker, the keys, the MQTT listeners' addresses.
 #[derive(Debug)]
 pub(crate) struct Admin {
@@ -47,6 +57,8 @@ pub(crate) struct Admin {
     pub(crate) keys: Option<RwLock<ApiKeys>>,
     pub(crate) listeners: Vec<(Transport, SocketAddr)>,
     pub(crate) http: SocketAddr,
+    /// The outcomes of reloads, when the process reloads its configuration on SIGHUP.
+    pub(crate) reloads: Option<tokio::sync::watch::Receiver<Reloaded>>,
 }
 
 /// The admin listener, bound, ready to run.
@@ -59,11 +71,14 @@ pub struct AdminListener {
 
 impl AdminListener {
     /// Binds `listeners.http` (None if it is `""`) and loads the API keys and, with
-    /// `admin.tls`, the certificate. `mqtt` lists the MQTT listeners (for `/api/v1/listeners`).
-    /// A keys file or certificate that does not load is an `InvalidInput` error naming it.
+    /// `admin.tls`, the certificate. `mqtt` lists the MQTT listeners (for `/api/v1/listeners`);
+    /// `reloads` announces the outcome of each SIGHUP's reload (`POST /api/v1/reload` raises
+    /// one and replies with it). A keys file or certificate that does not load is an
+    /// `InvalidInput` error naming it.
     pub async fn bind(
         broker: &Arc<Broker>,
         mqtt: Vec<(Transport, SocketAddr)>,
+        reloads: Option<tokio::sync::watch::Receiver<Reloaded>>,
     ) -> io::Result<Option<AdminListener>> {
         let config = &broker.config;
         let Some(addr) = config.listeners.http else { return Ok(None) };
@@ -84,7 +99,7 @@ impl AdminListener {
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.http: cannot listen on {addr}: {e}")))?;
         let http = tcp.local_addr()?;
-        let admin = Arc::new(Admin { broker: broker.clone(), keys, listeners: mqtt, http });
+        let admin = Arc::new(Admin { broker: broker.clone(), keys, listeners: mqtt, http, reloads });
         Ok(Some(AdminListener { tcp, tls, admin }))
     }
 

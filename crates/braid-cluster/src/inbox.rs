@@ -147,7 +147,7 @@ async fn read(
     let mut failing = false;
     let mut backlog = Backlog::default();
     let claiming = shared.claiming.subscribe();
-    let slow_consumer = Duration::from_secs(broker.config.session.slow_consumer_timeout_secs);
+    let slow_consumer = Duration::from_secs(broker.live().session.slow_consumer_timeout_secs);
     let (mut held, mut held_since) = (Vec::new(), Instant::now());
     // Entries routed, acknowledged with the next read (one round trip for both).
     let mut routed = Routed::default();

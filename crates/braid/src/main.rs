@@ -10,12 +10,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use braid_broker::{Config, Server};
 
 mod bench;
 mod cli;
+mod reload;
 mod transport_args;
 
 #[derive(Parser)]
@@ -81,7 +84,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
-    let config = match Config::load(args.config.as_deref(), &overrides) {
+    let file = args.config;
+    let config = match Config::load(file.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("braid: invalid configuration: {e}");
@@ -92,9 +96,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         eprintln!("braid: invalid configuration: {e}");
         return ExitCode::from(2);
     }
-    let filter = match std::env::var("BRAID_LOG") {
-        Ok(level) => EnvFilter::try_new(&level).map_err(|e| format!("BRAID_LOG: {e}")),
-        Err(_) => EnvFilter::try_new(&config.log.level).map_err(|e| format!("log.level: {e}")),
+    let from_env = std::env::var("BRAID_LOG").ok();
+    let filter = match &from_env {
+        Some(level) => EnvFilter::try_new(level).map_err(|e| format!("BRAID_LOG: {e}")),
+        None => EnvFilter::try_new(&config.log.level).map_err(|e| format!("log.level: {e}")),
     };
     let filter = match filter {
         Ok(f) => f,
@@ -104,7 +109,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    // The filter sits behind a reload handle: `log.level` changes on SIGHUP (unless BRAID_LOG
+    // sets it).
+    let (filter, log_handle) = tracing_subscriber::reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi))
+        .init();
+    let log_handle = from_env.is_none().then_some(log_handle);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = config.runtime.workers(cores);
     // Without the LIFO slot, a worker runs tasks in the order they were woken: of two clients
@@ -166,23 +178,26 @@ fn serve(args: ServeArgs) -> ExitCode {
             },
             None => None,
         };
-        let admin = match braid_admin::AdminListener::bind(server.broker(), server.bound()).await {
-            Ok(admin) => admin,
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                eprintln!("braid: invalid configuration: {e}");
-                return ExitCode::from(2);
-            }
-            Err(e) => {
-                eprintln!("braid: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
+        let reloader = reload::Reloader::new(file, overrides, server.broker().clone(), log_handle);
+        let admin =
+            match braid_admin::AdminListener::bind(server.broker(), server.bound(), Some(reloader.reports()))
+                .await
+            {
+                Ok(admin) => admin,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                    eprintln!("braid: invalid configuration: {e}");
+                    return ExitCode::from(2);
+                }
+                Err(e) => {
+                    eprintln!("braid: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
         if let Some(admin) = admin {
             tokio::spawn(admin.run());
         }
         braid_bridge::start(server.broker());
-        let broker = server.broker().clone();
-        tokio::spawn(async move { reload_on_sighup(broker).await });
+        tokio::spawn(reloader.run());
         let shutdown = server.broker().shutdown.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
@@ -194,15 +209,6 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
         ExitCode::SUCCESS
     })
-}
-
-/// Re-reads the password and ACL files on every SIGHUP.
-async fn reload_on_sighup(broker: std::sync::Arc<braid_broker::Broker>) {
-    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
-    while hup.recv().await.is_some() {
-        tracing::info!("SIGHUP: reloading the password and ACL files");
-        broker.security.reload(true);
-    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

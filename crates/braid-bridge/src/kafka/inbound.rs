@@ -114,7 +114,7 @@ async fn consume(
         return Some(format!("cannot subscribe to {topics:?}: {e}"));
     }
     let id = format!("kafka/{}/in/{group}", config.name);
-    let limits = Arc::new(QueueLimits::from_config(&broker.config.session));
+    let limits = Arc::new(QueueLimits::from_config(&broker.live().session));
     let client = match crate::connect(broker, &id, limits, WINDOW).await {
         Ok((client, _)) => client,
         Err(e) => return Some(format!("cannot connect to the broker: {e}")),

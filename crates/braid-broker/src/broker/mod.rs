@@ -8,12 +8,14 @@
 //! - [`lifecycle`]: disconnects, wills, session expiry, the timers.
 //! - [`recovery`]: what the store kept, reloaded at start.
 //! - [`admin`]: what operators ask (sessions, kick, subscriptions, retained messages).
+//! - [`live`]: the settings a reload changes without a restart.
 //!
 //! Lock order: the sessions map, then a session; the router before a session. A session lock
 //! is never held while taking the sessions map or the router.
 
 mod admin;
 mod lifecycle;
+mod live;
 mod pubsub;
 mod recovery;
 mod registry;
@@ -34,7 +36,7 @@ use braid_proto::topic::{parse_shared, valid_topic_filter};
 use braid_proto::ConnAck;
 
 use crate::auth::Security;
-use crate::config::{Config, QueuePolicy};
+use crate::config::Config;
 use crate::control::ConnControl;
 use crate::directory::Directory;
 use crate::limits::MemoryAlarm;
@@ -42,11 +44,11 @@ use crate::metrics::Metrics;
 use crate::report::Report;
 use crate::retained::Retained;
 use crate::router::{Confirm, Router};
-use crate::session::{QueueLimits, Restore, Session};
+use crate::session::{Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
-use crate::transport::PerTransport;
 
 pub use admin::{ClientInfo, QueueTotals};
+pub use live::Live;
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
@@ -56,7 +58,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(500);
 /// Everything the connections share.
 #[derive(Debug)]
 pub struct Broker {
-    /// Effective configuration.
+    /// The configuration as the broker started with it; `[limits]` and `[session]` as they
+    /// are now (a reload may change them) are in [`Broker::live`].
     pub config: Config,
     /// Counters for `$SYS`.
     pub metrics: Metrics,
@@ -74,12 +77,8 @@ pub struct Broker {
     /// The next session id, remote subscriber id and forward number (see
     /// [`Arrival::Returned`]): one counter.
     next_session_id: AtomicU64,
-    /// `[session]` queue limits, for sessions recovered from the store until their client
-    /// connects.
-    queue_limits: Arc<QueueLimits>,
-    /// The queue limits of each listener's clients (`[session]` with
-    /// `[session.listeners.<transport>]`).
-    listener_limits: PerTransport<Arc<QueueLimits>>,
+    /// `[limits]` and `[session]` as they are now.
+    live: RwLock<Arc<Live>>,
     /// Where persistent sessions and retained messages are kept.
     pub store: Arc<dyn Store>,
     /// Notified when a connection answers a takeover or detaches (see [`crate::connection::handover`]).
@@ -208,14 +207,7 @@ impl Broker {
     pub fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
         let started = Instant::now();
         let router = Router::new(config.shared.strategy, config.mqtt.overlapping);
-        let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
-        let listener_limits = config.session.listeners.map(|_, policy| {
-            if policy == &QueuePolicy::default() {
-                queue_limits.clone()
-            } else {
-                Arc::new(QueueLimits::with_policy(&config.session, policy))
-            }
-        });
+        let live = RwLock::new(Arc::new(Live::of(&config)));
         let broker = Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),
@@ -228,8 +220,7 @@ impl Broker {
             router: RwLock::new(router),
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),
-            queue_limits,
-            listener_limits,
+            live,
             handovers: Notify::new(),
             timers: Mutex::new(Timers::default()),
             timers_changed: Notify::new(),

@@ -87,7 +87,8 @@ impl Broker {
         inner: &str,
         acl: &mut ConnectionAcl<'_>,
     ) -> Option<ReasonCode> {
-        let limits = &self.config.limits;
+        let live = self.live();
+        let limits = &live.limits;
         if topic_too_big(limits, filter).is_some() {
             return Some(ReasonCode::TopicFilterInvalid);
         }

@@ -89,7 +89,7 @@ impl Broker {
     /// Puts a session the store kept into the registry and its subscriptions into the router;
     /// sets its will and expiry as timers (`unix_now` is `now` as the store counts time).
     fn restore_session(&self, r: RecoveredSession, unix_now: u64, now: Instant) {
-        let limits = &self.queue_limits;
+        let limits = &self.live().queue_limits;
         let rec = r.record;
         let session = Arc::new(Session::new(rec.id, rec.client_id.clone(), limits.clone()));
         if rec.expiry_secs == 0 {

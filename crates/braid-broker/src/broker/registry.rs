@@ -20,7 +20,7 @@ impl Broker {
     /// The queue limits of the sessions of clients that connect through `transport`'s
     /// listener.
     pub fn listener_limits(&self, transport: Transport) -> Arc<QueueLimits> {
-        self.listener_limits.get(transport).clone()
+        self.live().listener_limits(transport)
     }
 
     /// Handles CONNECT: validates the client id, applies limits, finds or creates the session
@@ -81,7 +81,7 @@ impl Broker {
         } else {
             u32::MAX
         };
-        let expiry = requested_expiry.min(cfg.session.max_session_expiry_secs);
+        let expiry = requested_expiry.min(self.live().session.max_session_expiry_secs);
         if v5 {
             if expiry != requested_expiry {
                 props.session_expiry_interval = Some(expiry);

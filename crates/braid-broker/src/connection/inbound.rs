@@ -13,7 +13,7 @@ use braid_proto::{
 
 use super::receive_window::WindowShare;
 use crate::auth::ConnectionAcl;
-use crate::broker::{Broker, Ending, Holder};
+use crate::broker::{Broker, Ending, Holder, Live};
 use crate::config::DeniedPublish;
 use crate::directory::Waiting;
 use crate::limits::{topic_too_big, PublishLimiter};
@@ -51,6 +51,8 @@ pub(crate) struct Inbound<'a> {
     /// Which topics this client may use.
     acl: ConnectionAcl<'a>,
     /// The client's publish rate.
+    /// `[limits]` and `[session]` as they were when the client connected.
+    live: Arc<Live>,
     limiter: PublishLimiter,
     /// Not reading from the client: over its publish rate, the memory alarm is raised, or a
     /// SUBSCRIBE waits for the cluster.
@@ -132,9 +134,11 @@ impl<'a> Inbound<'a> {
         acl: ConnectionAcl<'a>,
         now: Instant,
     ) -> Self {
-        let limiter = PublishLimiter::new(&broker.config.limits, now);
+        let live = broker.live();
+        let limiter = PublishLimiter::new(&live.limits, now);
         Inbound {
             broker,
+            live,
             session: session.clone(),
             version,
             aliases,
@@ -366,7 +370,7 @@ impl<'a> Inbound<'a> {
                     "session expiry set at DISCONNECT after connecting with 0",
                 );
             }
-            st.expiry_secs = expiry.min(self.broker.config.session.max_session_expiry_secs);
+            st.expiry_secs = expiry.min(self.live.session.max_session_expiry_secs);
         }
         match d.reason {
             ReasonCode::DisconnectWithWill => Flow::End(Ending::WithWill),
@@ -397,7 +401,7 @@ impl<'a> Inbound<'a> {
         if p.retain && !cfg.retain_available {
             return close(ReasonCode::RetainNotSupported, "retained messages are disabled");
         }
-        if let Some(why) = topic_too_big(&self.broker.config.limits, &p.topic) {
+        if let Some(why) = topic_too_big(&self.live.limits, &p.topic) {
             return close(ReasonCode::TopicNameInvalid, why);
         }
         self.broker.metrics.messages_received.add(p.qos, 1);
@@ -528,7 +532,7 @@ impl<'a> Inbound<'a> {
     /// acknowledgement, for a pause to end or, while acknowledgements await the group commit,
     /// for the commit to move on (`None`: call [`Inbound::flush_synced`]). Cancel-safe.
     pub(crate) async fn next_ack(&mut self) -> Option<Released> {
-        let timeout = Duration::from_secs(self.broker.config.session.slow_consumer_timeout_secs);
+        let timeout = Duration::from_secs(self.live.session.slow_consumer_timeout_secs);
         let (held, durable, pause) = (&mut self.held, &mut self.durable, &mut self.pause);
         tokio::select! {
             ack = release_held(held, timeout) => ack,

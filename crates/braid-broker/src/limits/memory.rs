@@ -1,7 +1,7 @@
 //! The memory alarm: while resident memory is above `limits.memory_high_watermark`, no
 //! publisher is read from, so memory stops growing without a message being dropped.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -13,7 +13,8 @@ pub const MEMORY_CHECK: Duration = Duration::from_millis(500);
 /// The memory alarm: raised while resident memory is above `limits.memory_high_watermark`.
 #[derive(Debug, Default)]
 pub struct MemoryAlarm {
-    watermark: u64,
+    /// In bytes; 0: never raised. A reload may change it.
+    watermark: AtomicU64,
     raised: AtomicBool,
     cleared: Notify,
 }
@@ -21,7 +22,12 @@ pub struct MemoryAlarm {
 impl MemoryAlarm {
     /// An alarm for `watermark` bytes (0: never raised).
     pub fn new(watermark: u64) -> MemoryAlarm {
-        MemoryAlarm { watermark, ..Default::default() }
+        MemoryAlarm { watermark: AtomicU64::new(watermark), ..Default::default() }
+    }
+
+    /// Changes the watermark (a reload); the next measurement applies it.
+    pub fn set_watermark(&self, watermark: u64) {
+        self.watermark.store(watermark, Ordering::Relaxed);
     }
 
     /// True while publishers must not be read from.
@@ -31,16 +37,17 @@ impl MemoryAlarm {
 
     /// Raises or clears the alarm for a measurement (logging the change).
     pub fn update(&self, rss: u64) {
-        let above = self.watermark > 0 && rss > self.watermark;
+        let watermark = self.watermark.load(Ordering::Relaxed);
+        let above = watermark > 0 && rss > watermark;
         if above != self.raised.swap(above, Ordering::Relaxed) {
             if above {
                 warn!(
                     rss,
-                    watermark = self.watermark,
+                    watermark,
                     "memory alarm: above limits.memory_high_watermark, not reading from publishers"
                 );
             } else {
-                warn!(rss, watermark = self.watermark, "memory alarm cleared: reading from publishers again");
+                warn!(rss, watermark, "memory alarm cleared: reading from publishers again");
                 self.cleared.notify_waiters();
             }
         }
@@ -57,17 +64,22 @@ impl MemoryAlarm {
         }
     }
 
-    /// Measures resident memory every [`MEMORY_CHECK`] until `stop` is cancelled (returns at
-    /// once when the alarm is off).
+    /// Measures resident memory every [`MEMORY_CHECK`] while a watermark is set, until `stop`
+    /// is cancelled.
     pub async fn watch(&self, stop: tokio_util::sync::CancellationToken) {
-        if self.watermark == 0 {
-            return;
-        }
         let mut tick = tokio::time::interval(MEMORY_CHECK);
         loop {
             tokio::select! {
-                _ = tick.tick() => if let Some(rss) = resident_memory() { self.update(rss) },
+                _ = tick.tick() => {}
                 _ = stop.cancelled() => return,
+            }
+            match self.watermark.load(Ordering::Relaxed) {
+                0 => self.update(0),
+                _ => {
+                    if let Some(rss) = resident_memory() {
+                        self.update(rss)
+                    }
+                }
             }
         }
     }

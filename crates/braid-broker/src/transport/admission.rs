@@ -14,23 +14,23 @@ use crate::broker::Broker;
 use crate::limits::TokenBucket;
 use crate::metrics::Metrics;
 
-/// Connection limits for all listeners.
+/// Connection limits for all listeners (as they are now: a reload may change them).
 #[derive(Debug)]
 pub struct Admission {
     broker: Arc<Broker>,
     connections: TaskTracker,
-    rate: Option<Mutex<TokenBucket>>,
+    /// The connection rate's bucket, made for the rate it is tagged with.
+    rate: Mutex<(u32, Option<TokenBucket>)>,
     last_refusal_log: Mutex<Option<Instant>>,
 }
 
 impl Admission {
     /// Limits counting the tasks of `connections` and the broker's parked connections.
     pub fn new(broker: &Arc<Broker>, connections: &TaskTracker) -> Admission {
-        let per_sec = broker.config.limits.max_connection_rate;
         Admission {
             broker: broker.clone(),
             connections: connections.clone(),
-            rate: (per_sec > 0).then(|| Mutex::new(TokenBucket::new(f64::from(per_sec), Instant::now()))),
+            rate: Mutex::new((0, None)),
             last_refusal_log: Mutex::new(None),
         }
     }
@@ -38,9 +38,14 @@ impl Admission {
     /// Waits as long as the connection rate asks before the next accept (newcomers wait in the
     /// listen backlog meanwhile); returns at once when the broker shuts down.
     pub async fn pace(&self) {
-        let wait = match &self.rate {
-            Some(rate) => rate.lock().take(1.0, Instant::now()),
-            None => Duration::ZERO,
+        let per_sec = self.broker.live().limits.max_connection_rate;
+        let now = Instant::now();
+        let wait = {
+            let mut rate = self.rate.lock();
+            if rate.0 != per_sec {
+                *rate = (per_sec, (per_sec > 0).then(|| TokenBucket::new(f64::from(per_sec), now)));
+            }
+            rate.1.as_mut().map_or(Duration::ZERO, |bucket| bucket.take(1.0, now))
         };
         if !wait.is_zero() {
             tokio::select! {
@@ -83,7 +88,7 @@ impl Admission {
     /// False when `limits.max_connections` is reached: the new connection is to be closed
     /// (counted in `$SYS/broker/connections/refused`, logged at most once a second).
     pub fn admit(&self) -> bool {
-        let max = self.broker.config.limits.max_connections;
+        let max = self.broker.live().limits.max_connections;
         let open = self.connections.len() + self.broker.parked();
         if max == 0 || open < max {
             return true;
