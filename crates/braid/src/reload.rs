@@ -89,7 +89,7 @@ impl Reloader {
             .filter(|k| old_keys.get(*k) != new_keys.get(*k))
             .collect();
         let (live, restart): (Vec<&String>, Vec<&String>) =
-            changed.into_iter().partition(|k| LIVE.iter().any(|l| k.starts_with(l) || k == &l));
+            changed.into_iter().partition(|k| LIVE.iter().any(|l| k.starts_with(l) || k == l));
         let mut notes = Vec::new();
         if live.iter().any(|k| *k == "log.level") {
             match (&self.log, EnvFilter::try_new(&new.log.level)) {
