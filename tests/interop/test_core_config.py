@@ -204,6 +204,38 @@ def test_bad_value_in_file_is_rejected_even_when_env_is_fine(tmp_path):
     assert "session.queue_overflow" in err
 
 
+def test_unknown_key_gets_the_nearest_known_one(tmp_path):
+    conf = write_toml(tmp_path, "[mqtt]\nmax_inflights = 100\n")
+    code, err, _ = run_rejected(["-c", conf])
+    assert code == 2, err
+    assert "mqtt.max_inflights: unknown key; did you mean mqtt.max_inflight? (from TOML file " in err, err
+    assert "`" not in err, err
+
+
+def test_unknown_env_key_names_the_variable():
+    code, err, _ = run_rejected([], env=clean_env(BRAID_MQTT_MAX_INFLIGHTS="100"))
+    assert code == 2, err
+    assert ("mqtt.max_inflights: unknown key; did you mean mqtt.max_inflight? "
+            "(from environment variable BRAID_MQTT_MAX_INFLIGHTS)") in err, err
+
+
+@pytest.mark.parametrize("layer", ["file", "env", "flag"])
+def test_range_error_says_where_the_value_came_from(tmp_path, layer):
+    args, env, source = [], clean_env(), None
+    if layer == "file":
+        conf = write_toml(tmp_path, "[mqtt]\nmax_qos = 3\n")
+        args, source = ["-c", conf], "TOML file "
+    elif layer == "env":
+        env, source = clean_env(BRAID_MQTT_MAX_QOS="3"), "environment variable BRAID_MQTT_MAX_QOS"
+    else:
+        args, source = ["--set", "mqtt.max_qos=3"], "--set/--listen flag"
+    code, err, _ = run_rejected(args, env=env)
+    assert code == 2, err
+    assert f"invalid configuration: mqtt.max_qos: must be 0, 1 or 2 (from {source}" in err, err
+    if layer == "file":
+        assert "braid.toml)" in err, err
+
+
 # --------------------------------------------------------------------------------------------------
 # Layering, observed from a v5 client
 # --------------------------------------------------------------------------------------------------
