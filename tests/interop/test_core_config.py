@@ -236,6 +236,25 @@ def test_range_error_says_where_the_value_came_from(tmp_path, layer):
         assert "braid.toml)" in err, err
 
 
+@pytest.mark.parametrize("layer", ["flag", "env", "file"])
+def test_quic_pacing_as_a_bare_number(tmp_path, start_braid, connect, layer):
+    args, env = [], clean_env()
+    if layer == "flag":
+        args = ["--set", "quic.pacing=25"]
+    elif layer == "env":
+        env = clean_env(BRAID_QUIC_PACING="25")
+    else:
+        args = ["-c", write_toml(tmp_path, "[quic]\npacing = 25\n")]
+    b = start_braid(args, env=env)
+    assert connect(b, protocol=MQTTv5).connack.reason_code == 0
+
+
+def test_quic_pacing_zero_is_rejected():
+    code, err, _ = run_rejected([], env=clean_env(BRAID_QUIC_PACING="0"))
+    assert code == 2, err
+    assert "quic.pacing" in err and "packets per second" in err, err
+
+
 # --------------------------------------------------------------------------------------------------
 # Layering, observed from a v5 client
 # --------------------------------------------------------------------------------------------------

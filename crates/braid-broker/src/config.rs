@@ -238,7 +238,8 @@ pub struct QuicConfig {
     /// Seconds without any packet after which a QUIC connection is dropped.
     pub idle_timeout_secs: u64,
     /// Pacing of what the broker sends to each QUIC client: `adaptive`, `off`, or packets per
-    /// second.
+    /// second (a number, or the number as a string: `25` and `"25"` are the same).
+    #[serde(deserialize_with = "pacing_text")]
     pub pacing: String,
 }
 
@@ -254,6 +255,36 @@ impl Default for QuicConfig {
             pacing: "adaptive".into(),
         }
     }
+}
+
+/// `quic.pacing` as text: a string as it is, a bare number (`--set quic.pacing=25`,
+/// `BRAID_QUIC_PACING=25`, `pacing = 25` in the file) as its digits; `validate` checks it.
+fn pacing_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct Text;
+    impl serde::de::Visitor<'_> for Text {
+        type Value = String;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("adaptive, off, or a number of packets per second")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+    }
+    d.deserialize_any(Text)
 }
 
 /// Protocol limits and features.
@@ -1578,6 +1609,22 @@ mod tests {
         let err = rejected(&["quic.cert_file=\"cert.pem\""]);
         assert_eq!(err.key(), Some("quic.key_file"));
         assert!(!err.to_string().contains("(from"), "{err}");
+    }
+
+    #[test]
+    fn quic_pacing_is_a_string_or_a_number() {
+        for set in ["quic.pacing=25", "quic.pacing=\"25\""] {
+            assert_eq!(Config::load(None, &[set.into()]).unwrap().quic.pacing, "25", "{set}");
+        }
+        assert_eq!(Config::load(None, &["quic.pacing=off".into()]).unwrap().quic.pacing, "off");
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "[quic]\npacing = 40").unwrap();
+        assert_eq!(Config::load(Some(f.path()), &[]).unwrap().quic.pacing, "40");
+        for bad in ["quic.pacing=0", "quic.pacing=-3", "quic.pacing=2.5", "quic.pacing=true"] {
+            let err = rejected(&[bad]);
+            assert_eq!(err.key(), Some("quic.pacing"), "{bad}: {err}");
+            assert!(err.to_string().contains("packets per second"), "{bad}: {err}");
+        }
     }
 
     #[test]
