@@ -236,6 +236,15 @@ def test_range_error_says_where_the_value_came_from(tmp_path, layer):
         assert "braid.toml)" in err, err
 
 
+def test_listen_and_set_listeners_tcp_together_are_refused():
+    """`--listen` (added by run_rejected) and `--set listeners.tcp=...` both set listeners.tcp:
+    refused, naming both, rather than one silently winning and hiding a bad value in the other."""
+    code, err, _ = run_rejected(["--set", "listeners.tcp=not-an-address"])
+    assert code == 2, err
+    assert "--listen 127.0.0.1:" in err and "--set listeners.tcp=not-an-address" in err, err
+    assert "both set listeners.tcp" in err, err
+
+
 @pytest.mark.parametrize("layer", ["flag", "env", "file"])
 def test_quic_pacing_as_a_bare_number(tmp_path, start_braid, connect, layer):
     args, env = [], clean_env()
