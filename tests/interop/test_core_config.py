@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 from conftest import BRAID_BIN, free_port, wait_for_port
-from helpers import MQTTv5, mosquitto_pub, unique
+from helpers import MQTTv5, mosquitto_pub, unique, wait_until
 
 pytestmark = pytest.mark.braid_only
 
@@ -262,6 +262,17 @@ def test_quic_pacing_zero_is_rejected():
     code, err, _ = run_rejected([], env=clean_env(BRAID_QUIC_PACING="0"))
     assert code == 2, err
     assert "quic.pacing" in err and "packets per second" in err, err
+
+
+def test_listening_lines_show_plain_addresses(start_braid):
+    """`listening for MQTT ... addr=127.0.0.1:PORT` for every transport, never `addr=Some(...)`."""
+    b = start_braid([])
+    wait_until(lambda: 'transport="quic"' in b.log_text(), timeout=5, message="the QUIC listening line")
+    lines = [line for line in b.log_text().splitlines() if "listening for MQTT" in line]
+    assert any('transport="tcp"' in line and f"addr=127.0.0.1:{b.port}" in line for line in lines), lines
+    [quic] = [line for line in lines if 'transport="quic"' in line]
+    assert "addr=127.0.0.1:" in quic, quic
+    assert "Some(" not in b.log_text()
 
 
 # --------------------------------------------------------------------------------------------------
