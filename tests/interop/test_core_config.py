@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 from conftest import BRAID_BIN, free_port, wait_for_port
-from helpers import MQTTv5, mosquitto_pub, unique
+from helpers import MQTTv5, mosquitto_pub, unique, wait_until
 
 pytestmark = pytest.mark.braid_only
 
@@ -202,6 +202,77 @@ def test_bad_value_in_file_is_rejected_even_when_env_is_fine(tmp_path):
     code, err, _ = run_rejected(["-c", conf], env=clean_env(BRAID_MQTT_MAX_INFLIGHT="10"))
     assert code == 2, err
     assert "session.queue_overflow" in err
+
+
+def test_unknown_key_gets_the_nearest_known_one(tmp_path):
+    conf = write_toml(tmp_path, "[mqtt]\nmax_inflights = 100\n")
+    code, err, _ = run_rejected(["-c", conf])
+    assert code == 2, err
+    assert "mqtt.max_inflights: unknown key; did you mean mqtt.max_inflight? (from TOML file " in err, err
+    assert "`" not in err, err
+
+
+def test_unknown_env_key_names_the_variable():
+    code, err, _ = run_rejected([], env=clean_env(BRAID_MQTT_MAX_INFLIGHTS="100"))
+    assert code == 2, err
+    assert ("mqtt.max_inflights: unknown key; did you mean mqtt.max_inflight? "
+            "(from environment variable BRAID_MQTT_MAX_INFLIGHTS)") in err, err
+
+
+@pytest.mark.parametrize("layer", ["file", "env", "flag"])
+def test_range_error_says_where_the_value_came_from(tmp_path, layer):
+    args, env, source = [], clean_env(), None
+    if layer == "file":
+        conf = write_toml(tmp_path, "[mqtt]\nmax_qos = 3\n")
+        args, source = ["-c", conf], "TOML file "
+    elif layer == "env":
+        env, source = clean_env(BRAID_MQTT_MAX_QOS="3"), "environment variable BRAID_MQTT_MAX_QOS"
+    else:
+        args, source = ["--set", "mqtt.max_qos=3"], "--set/--listen flag"
+    code, err, _ = run_rejected(args, env=env)
+    assert code == 2, err
+    assert f"invalid configuration: mqtt.max_qos: must be 0, 1 or 2 (from {source}" in err, err
+    if layer == "file":
+        assert "braid.toml)" in err, err
+
+
+def test_listen_and_set_listeners_tcp_together_are_refused():
+    """`--listen` (added by run_rejected) and `--set listeners.tcp=...` both set listeners.tcp:
+    refused, naming both, rather than one silently winning and hiding a bad value in the other."""
+    code, err, _ = run_rejected(["--set", "listeners.tcp=not-an-address"])
+    assert code == 2, err
+    assert "--listen 127.0.0.1:" in err and "--set listeners.tcp=not-an-address" in err, err
+    assert "both set listeners.tcp" in err, err
+
+
+@pytest.mark.parametrize("layer", ["flag", "env", "file"])
+def test_quic_pacing_as_a_bare_number(tmp_path, start_braid, connect, layer):
+    args, env = [], clean_env()
+    if layer == "flag":
+        args = ["--set", "quic.pacing=25"]
+    elif layer == "env":
+        env = clean_env(BRAID_QUIC_PACING="25")
+    else:
+        args = ["-c", write_toml(tmp_path, "[quic]\npacing = 25\n")]
+    b = start_braid(args, env=env)
+    assert connect(b, protocol=MQTTv5).connack.reason_code == 0
+
+
+def test_quic_pacing_zero_is_rejected():
+    code, err, _ = run_rejected([], env=clean_env(BRAID_QUIC_PACING="0"))
+    assert code == 2, err
+    assert "quic.pacing" in err and "packets per second" in err, err
+
+
+def test_listening_lines_show_plain_addresses(start_braid):
+    """`listening for MQTT ... addr=127.0.0.1:PORT` for every transport, never `addr=Some(...)`."""
+    b = start_braid([])
+    wait_until(lambda: 'transport="quic"' in b.log_text(), timeout=5, message="the QUIC listening line")
+    lines = [line for line in b.log_text().splitlines() if "listening for MQTT" in line]
+    assert any('transport="tcp"' in line and f"addr=127.0.0.1:{b.port}" in line for line in lines), lines
+    [quic] = [line for line in lines if 'transport="quic"' in line]
+    assert "addr=127.0.0.1:" in quic, quic
+    assert "Some(" not in b.log_text()
 
 
 # --------------------------------------------------------------------------------------------------

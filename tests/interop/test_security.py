@@ -77,6 +77,16 @@ def test_braid_passwd_file_and_sighup_reload(make_broker, tmp_path, connect):
     wait_until(lambda: refused(b, MQTTv5, username="bob", password="builder") == BAD_CREDENTIALS, timeout=5)
 
 
+def test_braid_passwd_delete_from_a_missing_file_says_so(tmp_path):
+    """`-D` on a file that does not exist: the file is named as missing (not the user), nothing
+    is created, and the exit status says it failed."""
+    path = tmp_path / "nofile"
+    r = passwd(path, "x", delete=True)
+    assert r.returncode != 0, r.stderr
+    assert r.stderr.decode().strip() == f"braid passwd: {path}: no such file", r.stderr
+    assert not path.exists()
+
+
 def hs256(claims, secret=b"interop-secret"):
     def b64(data):
         return base64.urlsafe_b64encode(data).rstrip(b"=")

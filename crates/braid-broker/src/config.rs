@@ -238,7 +238,8 @@ pub struct QuicConfig {
     /// Seconds without any packet after which a QUIC connection is dropped.
     pub idle_timeout_secs: u64,
     /// Pacing of what the broker sends to each QUIC client: `adaptive`, `off`, or packets per
-    /// second.
+    /// second (a number, or the number as a string: `25` and `"25"` are the same).
+    #[serde(deserialize_with = "pacing_text")]
     pub pacing: String,
 }
 
@@ -254,6 +255,36 @@ impl Default for QuicConfig {
             pacing: "adaptive".into(),
         }
     }
+}
+
+/// `quic.pacing` as text: a string as it is, a bare number (`--set quic.pacing=25`,
+/// `BRAID_QUIC_PACING=25`, `pacing = 25` in the file) as its digits; `validate` checks it.
+fn pacing_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct Text;
+    impl serde::de::Visitor<'_> for Text {
+        type Value = String;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("adaptive, off, or a number of packets per second")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+    }
+    d.deserialize_any(Text)
 }
 
 /// Protocol limits and features.
@@ -942,7 +973,7 @@ pub enum ConfigError {
     Key {
         /// The key, as `section.key`.
         key: String,
-        /// What is wrong with it (and, for values that did not parse, where the value came from).
+        /// What is wrong with it, and where the value came from (unless it is a default).
         problem: String,
     },
     /// The configuration file does not exist or cannot be read.
@@ -989,14 +1020,10 @@ impl ConfigError {
         let mut problems = Vec::new();
         for e in err {
             let at = e.path.join(".");
-            let source = match e.metadata.as_ref() {
-                Some(m) => match &m.source {
-                    Some(src) => format!(" (from {} {src})", m.name),
-                    None => format!(" (from {})", m.name),
-                },
-                None => String::new(),
-            };
-            let problem = format!("{}{source}", e.kind);
+            let mut problem = describe(&e.kind, &e.path);
+            if let Some(from) = e.metadata.as_ref().and_then(|m| origin(m, &e.path)) {
+                problem = format!("{problem} (from {from})");
+            }
             if key.is_none() {
                 key = Some(at);
                 problems.push(problem);
@@ -1012,6 +1039,114 @@ impl ConfigError {
             _ => ConfigError::Parse { problem },
         }
     }
+
+    /// A [`ConfigError::Key`] found on the merged configuration (by `validate`), with where
+    /// the key's value came from, as figment's own errors say it; a default says nothing more.
+    fn with_origin(self, figment: &Figment) -> ConfigError {
+        match self {
+            ConfigError::Key { key, problem } => {
+                let path: Vec<&str> = key.split('.').collect();
+                let problem = match figment.find_metadata(&key).and_then(|m| origin(m, &path)) {
+                    Some(from) => format!("{problem} (from {from})"),
+                    None => problem,
+                };
+                ConfigError::Key { key, problem }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The names errors give to the sources of values (see [`origin`]).
+const FROM_FILE: &str = "TOML file";
+const FROM_ENV: &str = "environment variable";
+const FROM_FLAG: &str = "--set/--listen flag";
+
+/// The environment's metadata: errors name the variable, `section.key` is `BRAID_SECTION_KEY`.
+fn env_metadata() -> figment::Metadata {
+    figment::Metadata::named(FROM_ENV).interpolater(|_: &figment::Profile, keys: &[&str]| {
+        format!("BRAID_{}", keys.join("_")).to_ascii_uppercase()
+    })
+}
+
+/// Where the value at `path` came from, as `TOML file PATH`, `environment variable
+/// BRAID_SECTION_KEY` or `--set/--listen flag`; `None` for a default.
+fn origin(metadata: &figment::Metadata, path: &[impl AsRef<str>]) -> Option<String> {
+    match (metadata.name.as_ref(), &metadata.source) {
+        (FROM_ENV, _) => {
+            Some(format!("{FROM_ENV} {}", metadata.interpolate(&figment::Profile::Default, path)))
+        }
+        (name @ (FROM_FILE | FROM_FLAG), Some(source)) => Some(format!("{name} {source}")),
+        (name @ (FROM_FILE | FROM_FLAG), None) => Some(name.to_string()),
+        _ => None,
+    }
+}
+
+/// A figment error's problem, in words: unknown keys and values get the closest known one
+/// ("did you mean"), or the known ones listed (figment's own text nests backticks).
+fn describe(kind: &figment::error::Kind, path: &[String]) -> String {
+    use figment::error::Kind;
+    match kind {
+        Kind::UnknownField(found, known) => {
+            // The path ends with the unknown key itself.
+            let parent = match path.split_last() {
+                Some((last, parent)) if last == found => parent,
+                _ => path,
+            };
+            let full =
+                |name: &str| parent.iter().map(String::as_str).chain([name]).collect::<Vec<_>>().join(".");
+            let what = if parent.is_empty() { "section" } else { "key" };
+            match closest(found, known) {
+                Some(near) => format!("unknown {what}; did you mean {}?", full(near)),
+                None if parent.is_empty() => {
+                    format!("unknown section; the sections are {}", list(known, "and"))
+                }
+                None => format!("unknown key; the keys of {} are {}", parent.join("."), list(known, "and")),
+            }
+        }
+        Kind::UnknownVariant(found, known) => match closest(found, known) {
+            Some(near) => format!("unknown value {found:?}; did you mean {near}?"),
+            None => format!("unknown value {found:?}; expected {}", list(known, "or")),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// `a, b and c` (or `a, b or c`, with `conjunction` "or").
+fn list(items: &[&str], conjunction: &str) -> String {
+    match items {
+        [] => "none".into(),
+        [one] => one.to_string(),
+        [init @ .., last] => format!("{} {conjunction} {last}", init.join(", ")),
+    }
+}
+
+/// The candidate nearest to `word` by edit distance, if it is near enough to be a typo: at most
+/// a third of the word's length away (at least 1, at most 3).
+fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let limit = (word.chars().count() / 3).clamp(1, 3);
+    candidates
+        .iter()
+        .map(|c| (edit_distance(word, c), *c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance: the fewest insertions, deletions and substitutions from `a` to `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
 }
 
 const SECTIONS: [&str; 16] = [
@@ -1041,27 +1176,28 @@ impl Config {
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)
                 .map_err(|source| ConfigError::File { path: path.to_path_buf(), source })?;
-            let metadata = figment::Metadata::from("TOML file", path);
+            let metadata = figment::Metadata::from(FROM_FILE, path);
             figment = figment.merge(Named { provider: Toml::string(&text), metadata });
         }
-        figment = figment.merge(Env::prefixed("BRAID_").filter_map(|key| {
+        let env = Env::prefixed("BRAID_").filter_map(|key| {
             let key = key.as_str().to_ascii_lowercase();
             SECTIONS.iter().find_map(|section| {
                 key.strip_prefix(section)
                     .and_then(|rest| rest.strip_prefix('_'))
                     .map(|rest| format!("{section}.{rest}").into())
             })
-        }));
+        });
+        figment = figment.merge(Named { provider: env, metadata: env_metadata() });
         for item in overrides {
             let (key, value) =
                 item.split_once('=').ok_or_else(|| ConfigError::SetSyntax { item: item.clone() })?;
             figment = figment.merge(Named {
                 provider: Serialized::default(key.trim(), parse_value(value.trim())),
-                metadata: figment::Metadata::named("--set/--listen flag"),
+                metadata: figment::Metadata::named(FROM_FLAG),
             });
         }
         let config: Config = figment.extract().map_err(ConfigError::from_figment)?;
-        config.validate()?;
+        config.validate().map_err(|e| e.with_origin(&figment))?;
         Ok(config)
     }
 
@@ -1243,8 +1379,9 @@ fn parse_value(text: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(text.to_string()))
 }
 
-/// A figment provider under the name errors give as the value's source: the config file (read
-/// here, so that a missing one is a [`ConfigError::File`]) or a `--set` flag.
+/// A figment provider under the name errors give as the value's source (see [`origin`]): the
+/// config file (read here, so that a missing one is a [`ConfigError::File`]), the environment
+/// or a `--set` flag.
 struct Named<P> {
     provider: P,
     metadata: figment::Metadata,
@@ -1400,6 +1537,94 @@ mod tests {
         assert!(err.contains("session.listeners.quic.queue_overflow_qos0"), "{err}");
         let err = Config::load(None, &["session.listeners.ws.max_queued_messages=5".into()]).unwrap_err();
         assert!(err.to_string().contains("max_queued_messages"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_and_values_get_the_nearest_known_one() {
+        let err = rejected(&["mqtt.max_inflights=3"]).to_string();
+        assert_eq!(
+            err,
+            "mqtt.max_inflights: unknown key; did you mean mqtt.max_inflight? (from --set/--listen flag)"
+        );
+        let err = rejected(&["mqt.max_inflight=3"]).to_string();
+        assert!(err.starts_with("mqt: unknown section; did you mean mqtt? "), "{err}");
+        let err = rejected(&["session.listener.ws.qos0_pacing_ms=3"]).to_string();
+        assert!(err.starts_with("session.listener: unknown key; did you mean session.listeners? "), "{err}");
+        let err = rejected(&["shared.strategy=hash_topics"]).to_string();
+        assert!(
+            err.starts_with(r#"shared.strategy: unknown value "hash_topics"; did you mean hash_topic? "#),
+            "{err}"
+        );
+        // Nothing near: the known ones.
+        let err = rejected(&["session.listeners.ws.max_queued_messages=5"]).to_string();
+        let keys =
+            "the keys of session.listeners.ws are queue_overflow, queue_overflow_qos0 and qos0_pacing_ms";
+        assert!(err.contains(&format!("unknown key; {keys}")), "{err}");
+        let err = rejected(&["shared.strategy=fastest"]).to_string();
+        assert!(err.contains("expected round_robin, random, hash_clientid, hash_topic or sticky"), "{err}");
+        let err = rejected(&["nosuch.key=1"]).to_string();
+        assert!(err.starts_with("nosuch: unknown section; the sections are listeners, mqtt, "), "{err}");
+        // From a file, in one clean message.
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "[mqtt]\nmax_infligt = 7").unwrap();
+        let err = Config::load(Some(f.path()), &[]).unwrap_err().to_string();
+        let start = "mqtt.max_infligt: unknown key; did you mean mqtt.max_inflight? (from TOML file ";
+        assert!(err.starts_with(start), "{err}");
+        assert!(!err.contains('`'), "{err}");
+    }
+
+    #[test]
+    fn a_typo_is_within_a_third_of_the_word() {
+        assert_eq!(edit_distance("max_infligt", "max_inflight"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(closest("mqt", &["sys", "mqtt"]), Some("mqtt"));
+        assert_eq!(closest("tcp", &["tls", "ws"]), None);
+        assert_eq!(closest("max_inflite", &["max_qos", "max_inflight"]), Some("max_inflight"));
+    }
+
+    #[test]
+    fn range_errors_say_where_the_value_came_from() {
+        let err = rejected(&["mqtt.max_qos=3"]).to_string();
+        assert_eq!(err, "mqtt.max_qos: must be 0, 1 or 2 (from --set/--listen flag)");
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "[mqtt]\nmax_qos = 3\n[cluster]\nenabled = true\nnode = \"a\"\nlease_ms = 10").unwrap();
+        let err = Config::load(Some(f.path()), &[]).unwrap_err();
+        assert_eq!(err.key(), Some("mqtt.max_qos"));
+        let file = f.path().file_name().unwrap().to_string_lossy();
+        assert!(err.to_string().contains("(from TOML file ") && err.to_string().contains(&*file), "{err}");
+        // The layer that set the value is named, not the first one.
+        let err = Config::load(Some(f.path()), &["mqtt.max_qos=1".into()]).unwrap_err();
+        assert!(
+            err.to_string().starts_with("cluster.lease_ms: must be at least 1000 (from TOML file "),
+            "{err}"
+        );
+        let set = ["mqtt.max_qos=1".into(), "cluster.lease_ms=5".into()];
+        let err = Config::load(Some(f.path()), &set).unwrap_err();
+        assert_eq!(err.to_string(), "cluster.lease_ms: must be at least 1000 (from --set/--listen flag)");
+        // The environment: the variable's name.
+        let env = origin(&env_metadata(), &["mqtt", "max_qos"]);
+        assert_eq!(env.as_deref(), Some("environment variable BRAID_MQTT_MAX_QOS"));
+        // A key at its default has no source to name.
+        let err = rejected(&["quic.cert_file=\"cert.pem\""]);
+        assert_eq!(err.key(), Some("quic.key_file"));
+        assert!(!err.to_string().contains("(from"), "{err}");
+    }
+
+    #[test]
+    fn quic_pacing_is_a_string_or_a_number() {
+        for set in ["quic.pacing=25", "quic.pacing=\"25\""] {
+            assert_eq!(Config::load(None, &[set.into()]).unwrap().quic.pacing, "25", "{set}");
+        }
+        assert_eq!(Config::load(None, &["quic.pacing=off".into()]).unwrap().quic.pacing, "off");
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "[quic]\npacing = 40").unwrap();
+        assert_eq!(Config::load(Some(f.path()), &[]).unwrap().quic.pacing, "40");
+        for bad in ["quic.pacing=0", "quic.pacing=-3", "quic.pacing=2.5", "quic.pacing=true"] {
+            let err = rejected(&[bad]);
+            assert_eq!(err.key(), Some("quic.pacing"), "{bad}: {err}");
+            assert!(err.to_string().contains("packets per second"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -51,7 +51,8 @@ struct ServeArgs {
     /// TOML configuration file (see docs/configuration.md).
     #[arg(short, long, env = "BRAID_CONFIG")]
     config: Option<PathBuf>,
-    /// MQTT/TCP listen address; overrides listeners.tcp.
+    /// MQTT/TCP listen address: sets listeners.tcp (over the file and the environment; not
+    /// together with --set listeners.tcp=...).
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
     /// Override one key: --set mqtt.max_inflight=100 (repeatable; value in TOML syntax).
@@ -75,6 +76,16 @@ fn main() -> ExitCode {
 fn serve(args: ServeArgs) -> ExitCode {
     let mut overrides = args.set;
     if let Some(listen) = args.listen {
+        // Both flags set listeners.tcp: refused, rather than one silently hiding the other (and
+        // a bad value in it).
+        let is_tcp =
+            |item: &&String| item.split_once('=').is_some_and(|(key, _)| key.trim() == "listeners.tcp");
+        if let Some(set) = overrides.iter().find(is_tcp) {
+            eprintln!(
+                "braid: invalid configuration: --listen {listen} and --set {set} both set listeners.tcp: give one"
+            );
+            return ExitCode::from(2);
+        }
         // Host names are resolved here; the config file takes numeric addresses.
         match listen.to_socket_addrs().map(|mut a| a.next()) {
             Ok(Some(addr)) => overrides.push(format!("listeners.tcp=\"{addr}\"")),

@@ -18,7 +18,7 @@ pub(crate) struct PasswdArgs {
     /// stdin). Beware: visible in the process list and shell history.
     #[arg(long, conflicts_with = "delete")]
     pub password: Option<String>,
-    /// The password file; created if missing.
+    /// The password file; created if missing (-D needs it to exist).
     pub file: PathBuf,
     /// The user name.
     pub user: String,
@@ -40,6 +40,9 @@ pub(crate) fn run(args: PasswdArgs) -> ExitCode {
 
 fn passwd(args: PasswdArgs) -> Result<String, String> {
     let path = &args.file;
+    if args.delete && !path.exists() {
+        return Err(format!("{}: no such file", path.display()));
+    }
     let mut file = if path.exists() {
         PasswordFile::load(path).map_err(|e| e.to_string())?
     } else {

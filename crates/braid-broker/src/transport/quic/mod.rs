@@ -9,7 +9,6 @@ mod pacer;
 mod stream;
 
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,8 +82,10 @@ pub(crate) async fn accept(
     admission: Arc<Admission>,
 ) {
     let Listener { endpoint, pacer } = listener;
-    let addr: Option<SocketAddr> = endpoint.local_addr().ok();
-    info!(transport = "quic", addr = ?addr, "listening for MQTT");
+    match endpoint.local_addr() {
+        Ok(addr) => info!(transport = "quic", %addr, "listening for MQTT"),
+        Err(e) => info!(transport = "quic", error = %e, "listening for MQTT (local address unknown)"),
+    }
     loop {
         admission.pace().await;
         tokio::select! {
