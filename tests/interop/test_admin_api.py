@@ -134,6 +134,8 @@ def test_clients_detail_kick_and_subscriptions(make_broker, connect):
     status, second = api.get("/api/v1/clients?prefix=api-&limit=1&page=2")
     assert [x["client_id"] for x in second["data"]] == ["api-other"]
     assert second["meta"] == {"page": 2, "limit": 1, "count": 2}
+    status, far = api.get("/api/v1/clients?page=18446744073709551615&limit=1000")
+    assert (status, far["data"]) == (200, [])
     status, one = api.get("/api/v1/clients/api-kick-me")
     assert status == 200
     assert (one["connected"], one["transport"], one["protocol"], one["persistent"]) == (True, "tcp", 5, True)
@@ -209,6 +211,11 @@ def test_retained_list_get_delete_and_publish(make_broker, connect):
     ("GET", "/api/v1/clients?transport=pigeon", None, 400, "transport"),
     ("POST", "/api/v1/clients/nobody/subscriptions", {"filter": "a"}, 404, "no session"),
     ("GET", "/api/v1/nothing-here", None, 404, "no such endpoint"),
+    ("GET", "/nothing-here", None, 404, "no such page"),
+    ("PUT", "/api/v1/publish", {"topic": "a"}, 405, "not allowed"),
+    ("DELETE", "/api/v1/retained/$SYS/broker/uptime", None, 403, "$SYS"),
+    ("DELETE", "/api/v1/clients/$internal%2Fbridge%2Fx", None, 403, "in-process"),
+    ("POST", "/api/v1/clients/$internal%2Fbridge%2Fx/subscriptions", {"filter": "a"}, 403, "in-process"),
 ])
 def test_bad_requests_get_a_4xx_naming_the_problem(make_broker, method, path, body, status, words):
     b, port = admin_broker(make_broker)

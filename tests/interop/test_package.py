@@ -270,7 +270,7 @@ def test_shipped_config_defaults_uncommented_are_accepted(root, tmp_path, extrac
     documented = documented_keys((root / "usr/share/doc/braid/configuration.md").read_text())
     missing = set(documented) - uncommented(shipped, examples=True)[1]
     assert not missing, f"keys of docs/configuration.md missing from braid.toml: {sorted(missing)}"
-    missing = {k for k, default in documented.items() if default not in ("none", "off")} - defaults
+    missing = {k for k, default in documented.items() if default not in ("none", "off", "unset")} - defaults
     assert not missing, f"keys with a default that braid.toml does not show: {sorted(missing)}"
     # Every default, uncommented, is a key the broker knows with a value it accepts.
     config = tmp_path / "defaults.toml"

@@ -91,7 +91,7 @@ impl Page {
         }
         let count = items.len();
         let data: Vec<Value> =
-            items.into_iter().skip((self.page - 1) * self.limit).take(self.limit).collect();
+            items.into_iter().skip((self.page - 1).saturating_mul(self.limit)).take(self.limit).collect();
         Json(json!({ "data": data, "meta": { "page": self.page, "limit": self.limit, "count": count } }))
             .into_response()
     }
@@ -123,7 +123,7 @@ async fn stats(State(admin): Shared) -> Json<Value> {
                 m.connects_refused
                     .counted()
                     .into_iter()
-                    .map(|(r, n)| (r.description().to_string(), json!(n))),
+                    .map(|(r, n)| (crate::prom::snake(r.description()), json!(n))),
             )
             .collect();
     let (sessions, subscriptions, retained) = b.counts();
@@ -295,6 +295,14 @@ impl OptionalFilter for Option<&str> {
     }
 }
 
+/// A 403 for a client id under `$internal/` (Braid's own in-process clients: a bridge's outbox):
+/// operators see them, and do not kick or subscribe them.
+fn internal(id: &str) -> Option<Response> {
+    id.starts_with(braid_broker::session::IN_PROCESS).then(|| {
+        error(StatusCode::FORBIDDEN, format!("{id:?} is one of Braid's own in-process clients (a bridge's)"))
+    })
+}
+
 fn no_client(id: &str) -> Response {
     error(StatusCode::NOT_FOUND, format!("no session of client {id:?} on this node"))
 }
@@ -307,6 +315,9 @@ async fn client(State(admin): Shared, Path(id): Path<String>) -> Response {
 }
 
 async fn kick(State(admin): Shared, Path(id): Path<String>) -> Response {
+    if let Some(refused) = internal(&id) {
+        return refused;
+    }
     if admin.broker.kick(&id) {
         tracing::info!(client_id = %id, "an operator closed the client's connection (API)");
         return StatusCode::NO_CONTENT.into_response();
@@ -346,6 +357,9 @@ async fn subscribe(
     Path(id): Path<String>,
     body: Result<Json<NewSubscription>, JsonRejection>,
 ) -> Response {
+    if let Some(refused) = internal(&id) {
+        return refused;
+    }
     let Json(s) = match body {
         Ok(b) => b,
         Err(e) => return bad_json(e),
@@ -382,6 +396,9 @@ async fn unsubscribe(
     Path(id): Path<String>,
     query: Result<Query<FilterQuery>, QueryRejection>,
 ) -> Response {
+    if let Some(refused) = internal(&id) {
+        return refused;
+    }
     let Query(q) = match query {
         Ok(q) => q,
         Err(e) => return bad_query(e),
@@ -499,6 +516,9 @@ async fn retained_one(State(admin): Shared, Path(topic): Path<String>) -> Respon
 /// Clears a retained message the MQTT way: an empty retained publish to its topic, which every
 /// node of a cluster and the store apply (subscribers get it as an empty message).
 async fn retained_delete(State(admin): Shared, Path(topic): Path<String>) -> Response {
+    if topic.starts_with("$SYS") {
+        return error(StatusCode::FORBIDDEN, "topics under $SYS are the broker's own");
+    }
     if let Err(e) = retained_at(&admin, &topic) {
         return e.into_response();
     }

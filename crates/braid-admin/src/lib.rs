@@ -1,5 +1,5 @@
 //! Braid's HTTP admin listener (`listeners.http`): Prometheus metrics at `/metrics`, the REST
-//! API under `/api/v1` (see `docs/api.md` and `docs/openapi.yaml`) and the web dashboard at
+//! API under `/api/v1` (see `docs/api.md` and `docs/openapi.json`) and the web dashboard at
 //! `/`, served by axum on the broker's runtime.
 //!
 //! - [`keys`]: the API keys file and `braid apikey`.
@@ -190,6 +190,12 @@ fn router(admin: Arc<Admin>) -> Router {
         .route("/metrics", get(metrics))
         .nest("/api/v1", api::routes())
         .merge(dashboard::routes())
+        .fallback(|| async {
+            api::error(StatusCode::NOT_FOUND, "no such page: the API is under /api/v1 (see docs/api.md)")
+        })
+        .method_not_allowed_fallback(|| async {
+            api::error(StatusCode::METHOD_NOT_ALLOWED, "this method is not allowed here (see docs/api.md)")
+        })
         .layer(axum::middleware::from_fn_with_state(admin.clone(), authenticate))
         .layer(axum::extract::DefaultBodyLimit::max(admin.broker.config.admin.max_body_bytes))
         .with_state(admin)

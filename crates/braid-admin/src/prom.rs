@@ -221,7 +221,7 @@ fn number(v: f64) -> String {
 }
 
 /// A reason's description as a label value: "Bad User Name or Password" -> "bad_user_name_or_password".
-fn snake(text: &str) -> String {
+pub(crate) fn snake(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
         .collect::<String>()

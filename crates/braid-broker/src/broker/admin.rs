@@ -25,7 +25,7 @@ pub struct ClientInfo {
     pub persistent: bool,
     /// Session Expiry Interval in seconds (`u32::MAX`: never).
     pub expiry_secs: u32,
-    /// Its subscriptions by full filter.
+    /// Its subscriptions by full filter, in filter order.
     pub subscriptions: Vec<(ByteString, SubscriptionRecord)>,
     /// Deliveries waiting to be sent (in memory, and on disk while it is offline).
     pub queued: usize,
@@ -39,12 +39,14 @@ impl ClientInfo {
     fn of(session: &Session) -> ClientInfo {
         let st = session.lock();
         let stored = st.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
+        let mut subscriptions: Vec<_> = st.subscriptions.iter().map(|(f, r)| (f.clone(), *r)).collect();
+        subscriptions.sort_by(|a, b| a.0.cmp(&b.0));
         ClientInfo {
             client_id: session.client_id.clone(),
             connection: st.link.as_ref().map(|l| (l.origin.clone(), l.version)),
             persistent: st.expiry_secs > 0,
             expiry_secs: st.expiry_secs,
-            subscriptions: st.subscriptions.iter().map(|(f, r)| (f.clone(), *r)).collect(),
+            subscriptions,
             queued: st.queue.len() + stored,
             inflight: st.inflight.len(),
             dropped: st.dropped,

@@ -35,7 +35,7 @@ pub(crate) struct CtlArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum CtlCommand {
-    /// Health and the main counters.
+    /// The main counters (`GET /api/v1/stats`).
     Status,
     /// Sessions, connected or not.
     Clients {
@@ -200,6 +200,10 @@ async fn ctl(args: &CtlArgs) -> Result<String, String> {
         true => Value::Null,
         false => serde_json::from_str(&text).map_err(|e| format!("the reply is not JSON: {e}"))?,
     };
+    let (shown, count) = (v["data"].as_array().map_or(0, Vec::len), v["meta"]["count"].as_u64().unwrap_or(0));
+    if count > shown as u64 {
+        eprintln!("braid ctl: {shown} of {count} shown (--limit for more)");
+    }
     Ok(render(&args.command, &v))
 }
 
