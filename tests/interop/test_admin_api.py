@@ -327,3 +327,42 @@ def test_reload_applies_limits_live_names_restart_keys_and_refuses_a_bad_file(tm
         assert "SIGHUP: the new configuration is refused" in b.log_text()
     finally:
         b.stop()
+
+
+def test_packet_traces_of_a_client_and_a_topic(make_broker, connect):
+    b, port = admin_broker(make_broker)
+    api = Api(port)
+    assert api.call("POST", "/api/v1/traces", {"name": "c", "client_id": "tr-1", "duration_secs": 60})[0] == 201
+    status, t = api.call("POST", "/api/v1/traces", {"name": "t", "topic": "tr/#"})
+    assert status == 201 and t["type"] == "topic" and t["remaining_secs"] >= 299, t
+    assert api.call("POST", "/api/v1/traces", {"name": "t", "topic": "x"})[0] == 409
+    assert api.call("POST", "/api/v1/traces", {"name": "x", "topic": "a", "client_id": "b"})[0] == 400
+    assert api.call("POST", "/api/v1/traces", {"name": "x", "topic": "a/#/b"})[0] == 400
+    sub = connect(b, client_id="tr-1", protocol=MQTTv5)
+    sub.subscribe("tr/#", qos=1)
+    pub = connect(b, client_id="tr-2")
+    pub.publish("tr/x", "hello", qos=1)
+    pub.publish("nottr/y", "no", qos=1)
+    sub.wait_messages(1)
+    time.sleep(0.3)
+    status, listed = api.get("/api/v1/traces")
+    assert sorted(x["name"] for x in listed["data"]) == ["c", "t"]
+    status, client_log = api.get("/api/v1/traces/c/log", raw=True)
+    assert status == 200
+    assert 'client="tr-1" in Subscribe' in client_log, client_log
+    assert 'client="tr-1" out PUBLISH topic="tr/x" qos=1' in client_log, client_log
+    assert 'client="tr-1" in PubAck' in client_log, client_log
+    assert "tr-2" not in client_log
+    status, topic_log = api.get("/api/v1/traces/t/log", raw=True)
+    assert 'client="tr-2" in PUBLISH topic="tr/x" qos=1 retain=false dup=false id=' in topic_log, topic_log
+    assert 'payload="hello"' in topic_log and "nottr" not in topic_log, topic_log
+    status, stopped = api.call("DELETE", "/api/v1/traces/c")
+    assert status == 200 and stopped["packets"] >= 4, stopped
+    assert api.call("DELETE", "/api/v1/traces/c")[0] == 404
+    assert os.path.exists(stopped["path"]), "the file stays after the trace stops"
+    # A trace ends by itself at its deadline.
+    assert api.call("POST", "/api/v1/traces", {"name": "short", "client_id": "x", "duration_secs": 1})[0] == 201
+    deadline = time.time() + 5
+    while "short" in [x["name"] for x in api.get("/api/v1/traces")[1]["data"]]:
+        assert time.time() < deadline, "the trace did not end at its deadline"
+        time.sleep(0.1)

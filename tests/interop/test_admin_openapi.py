@@ -39,7 +39,7 @@ SECURED_SCHEMES = {"bearer": ("http", "bearer"), "basic": ("http", "basic")}
 # Harmless stand-ins for path parameters (nothing exists under these names) and, for the GETs
 # of test_every_get_answers_200_with_its_documented_shape, names that exist on the test broker.
 ABSENT = {"id": "openapi-no-such-client", "topic": "openapi/no/such/topic"}
-PRESENT = {"id": "openapi-sub", "topic": "openapi/retained"}
+PRESENT = {"id": "openapi-sub", "topic": "openapi/retained", "name": "openapi-trace"}
 
 
 def load_spec():
@@ -298,8 +298,8 @@ class Admin:
 @pytest.fixture(scope="module")
 def admin(tmp_path_factory):
     """A broker with API keys, a bridge (to a port where nothing listens, so it stays down), a
-    connected v5 client with a persistent session and a subscription, and a retained message
-    with properties."""
+    connected v5 client with a persistent session and a subscription, a retained message with
+    properties, and a packet trace of that client."""
     keys = tmp_path_factory.mktemp("openapi") / "keys"
     made = subprocess.run([BRAID_BIN, "apikey", "add", str(keys), "openapi"], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
@@ -312,7 +312,11 @@ def admin(tmp_path_factory):
         client.subscribe("openapi/#", qos=1)
         helpers.mosquitto_pub(b, PRESENT["topic"], "kept", qos=1, version="mqttv5", retain=True, extra=[
             "-D", "publish", "content-type", "text/plain", "-D", "publish", "user-property", "k", "v"])
-        yield Admin(b.admin_url(), made.stdout.strip())
+        admin = Admin(b.admin_url(), made.stdout.strip())
+        trace = {"name": PRESENT["name"], "client_id": PRESENT["id"], "duration_secs": 600}
+        status, _, text = admin.call("POST", "/api/v1/traces", trace)
+        assert status == 201, text
+        yield admin
     finally:
         if client:
             client.close()

@@ -16,9 +16,10 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use braid_broker::broker::ClientInfo;
+use braid_broker::broker::admin::ClientInfo;
 use braid_broker::message::Message;
 use braid_broker::metrics::Metrics;
+use braid_broker::trace::{Target, Trace};
 use braid_broker::transport::Transport;
 use braid_proto::topic::{valid_topic_filter, valid_topic_name};
 use braid_proto::{ByteString, Bytes, ProtocolVersion, Publish, QoS, ReasonCode, SubscriptionOptions};
@@ -43,6 +44,9 @@ pub(crate) fn routes() -> Router<Arc<Admin>> {
         .route("/nodes", get(nodes))
         .route("/bridges", get(bridges))
         .route("/reload", post(reload))
+        .route("/traces", get(traces).post(start_trace))
+        .route("/traces/{name}", axum::routing::delete(stop_trace))
+        .route("/traces/{name}/log", get(trace_log))
         .fallback(|| async {
             error(StatusCode::NOT_FOUND, "no such endpoint under /api/v1 (see docs/api.md)")
         })
@@ -698,5 +702,105 @@ async fn reload(State(admin): Shared) -> Response {
             StatusCode::BAD_REQUEST,
             format!("the new configuration is refused, the running one stays: {e}"),
         ),
+    }
+}
+
+/// `POST /traces`: one of `client_id` and `topic`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTrace {
+    name: String,
+    client_id: Option<String>,
+    topic: Option<String>,
+    #[serde(default = "default_trace_secs")]
+    duration_secs: u64,
+}
+
+fn default_trace_secs() -> u64 {
+    300
+}
+
+/// The longest a trace runs.
+const MAX_TRACE_SECS: u64 = 24 * 3600;
+
+fn trace_json(t: &Trace, now: Instant) -> Value {
+    let (kind, target) = match &t.target {
+        Target::Client(id) => ("client", id.as_str()),
+        Target::Topic(filter) => ("topic", filter.as_str()),
+    };
+    json!({
+        "name": t.name,
+        "type": kind,
+        "target": target,
+        "path": t.path.display().to_string(),
+        "packets": t.packets.load(std::sync::atomic::Ordering::Relaxed),
+        "remaining_secs": t.until.saturating_duration_since(now).as_secs(),
+    })
+}
+
+async fn traces(State(admin): Shared) -> Json<Value> {
+    let now = Instant::now();
+    let data: Vec<Value> = admin.broker.tracer.list().iter().map(|t| trace_json(t, now)).collect();
+    Json(json!({ "data": data }))
+}
+
+async fn start_trace(State(admin): Shared, body: Result<Json<NewTrace>, JsonRejection>) -> Response {
+    let Json(t) = match body {
+        Ok(b) => b,
+        Err(e) => return bad_json(e),
+    };
+    let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
+    let name_ok = t.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if t.name.is_empty() || t.name.len() > 64 || !name_ok {
+        return bad("name is 1 to 64 letters, digits, '-', '_' or '.'".into());
+    }
+    let target = match (t.client_id, t.topic) {
+        (Some(id), None) if !id.is_empty() => Target::Client(id),
+        (None, Some(filter)) if valid_topic_filter(&filter) => Target::Topic(filter),
+        (None, Some(filter)) => return bad(format!("{filter:?} is not a valid topic filter")),
+        _ => return bad("give one of client_id and topic".into()),
+    };
+    if !(1..=MAX_TRACE_SECS).contains(&t.duration_secs) {
+        return bad(format!("duration_secs is 1 to {MAX_TRACE_SECS}"));
+    }
+    let config = &admin.broker.config;
+    let dir = config.admin.trace_dir.clone().unwrap_or_else(|| config.store.data_dir.join("traces"));
+    let now = Instant::now();
+    let until = now + Duration::from_secs(t.duration_secs);
+    let trace = match admin.broker.tracer.start(&t.name, target, &dir, until) {
+        Ok(trace) => trace,
+        Err(e) if e.contains("is running") => return error(StatusCode::CONFLICT, e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write the trace: {e}")),
+    };
+    tracing::info!(trace = %t.name, path = %trace.path.display(), "packet trace started (API)");
+    let (broker, started) = (admin.broker.clone(), trace.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until.into()) => {}
+            _ = broker.shutdown.cancelled() => {}
+        }
+        // Stopped here unless stopped (and maybe started again under its name) before.
+        if broker.tracer.list().iter().any(|t| Arc::ptr_eq(t, &started)) {
+            broker.tracer.stop(&started.name);
+        }
+    });
+    (StatusCode::CREATED, Json(trace_json(&trace, now))).into_response()
+}
+
+async fn stop_trace(State(admin): Shared, Path(name): Path<String>) -> Response {
+    match admin.broker.tracer.stop(&name) {
+        Some(t) => Json(trace_json(&t, Instant::now())).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no trace named {name:?} is running")),
+    }
+}
+
+/// The file of a running trace, as it is now.
+async fn trace_log(State(admin): Shared, Path(name): Path<String>) -> Response {
+    let Some(t) = admin.broker.tracer.list().into_iter().find(|t| t.name == name) else {
+        return error(StatusCode::NOT_FOUND, format!("no trace named {name:?} is running"));
+    };
+    match tokio::fs::read_to_string(&t.path).await {
+        Ok(text) => ([(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{}: {e}", t.path.display())),
     }
 }

@@ -23,6 +23,7 @@ pub mod server;
 pub mod session;
 pub mod store;
 mod sys;
+pub mod trace;
 pub mod transport;
 
 pub use broker::Broker;

@@ -23,6 +23,8 @@ fn start_broker() -> (Broker, u16) {
         .args(["--set", "store.backend=\"memory\""])
         // QUIC on a free port too: the default 14567 is taken by the first broker.
         .args(["--set", "listeners.quic=\"127.0.0.1:0\""])
+        // And the HTTP admin listener (default 127.0.0.1:18083).
+        .args(["--set", "listeners.http=\"127.0.0.1:0\""])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -1,11 +1,10 @@
 //! The settings that change without a restart: `[limits]` and `[session]` (queue limits and
-//! policies, expiry caps, the slow-consumer timeout). [`Broker::apply_live`] puts a reloaded
-//! configuration's in force; a connection takes them when it connects, so a change reaches
-//! clients as they (re)connect and no one is dropped for it.
+//! policies, expiry caps, the slow-consumer timeout). [`crate::Broker::apply_live`] puts a
+//! reloaded configuration's in force; a connection takes them when it connects, so a change
+//! reaches clients as they (re)connect and no one is dropped for it.
 
 use std::sync::Arc;
 
-use super::Broker;
 use crate::config::{Config, LimitsConfig, QueuePolicy, SessionConfig};
 use crate::session::QueueLimits;
 use crate::transport::{PerTransport, Transport};
@@ -18,14 +17,14 @@ pub struct Live {
     /// `[session]`.
     pub session: SessionConfig,
     /// `[session]`'s queue limits: those of sessions read back from the store.
-    pub(super) queue_limits: Arc<QueueLimits>,
+    pub(crate) queue_limits: Arc<QueueLimits>,
     /// Each listener's clients' queue limits (`[session]` with `[session.listeners.<transport>]`).
     listener_limits: PerTransport<Arc<QueueLimits>>,
 }
 
 impl Live {
     /// The settings of `config`.
-    pub(super) fn of(config: &Config) -> Live {
+    pub(crate) fn of(config: &Config) -> Live {
         let queue_limits = Arc::new(QueueLimits::from_config(&config.session));
         let listener_limits = config.session.listeners.map(|_, policy| {
             if policy == &QueuePolicy::default() {
@@ -40,20 +39,5 @@ impl Live {
     /// The queue limits of clients of `transport`.
     pub fn listener_limits(&self, transport: Transport) -> Arc<QueueLimits> {
         self.listener_limits.get(transport).clone()
-    }
-}
-
-impl Broker {
-    /// `[limits]` and `[session]` as they are now (`Broker::config` keeps them as they were at
-    /// the start).
-    pub fn live(&self) -> Arc<Live> {
-        self.live.read().clone()
-    }
-
-    /// Puts `config`'s `[limits]` and `[session]` in force: for connections from now on (and,
-    /// for the connection limits and the memory watermark, at once).
-    pub fn apply_live(&self, config: &Config) {
-        self.memory.set_watermark(config.limits.memory_high_watermark);
-        *self.live.write() = Arc::new(Live::of(config));
     }
 }

@@ -13,9 +13,9 @@
 //! Lock order: the sessions map, then a session; the router before a session. A session lock
 //! is never held while taking the sessions map or the router.
 
-mod admin;
+pub mod admin;
 mod lifecycle;
-mod live;
+pub mod live;
 mod pubsub;
 mod recovery;
 mod registry;
@@ -46,9 +46,9 @@ use crate::retained::Retained;
 use crate::router::{Confirm, Router};
 use crate::session::{Restore, Session};
 use crate::store::{self, Store, StoreError, Ticket};
+use crate::trace::Tracer;
+use live::Live;
 
-pub use admin::{ClientInfo, QueueTotals};
-pub use live::Live;
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
@@ -95,6 +95,8 @@ pub struct Broker {
     directory: OnceLock<Arc<dyn Directory>>,
     /// The parts of the node that report to operators (bridges, the cluster membership).
     reports: RwLock<Vec<Arc<dyn Report>>>,
+    /// Packet traces started by operators.
+    pub tracer: Tracer,
 }
 
 /// A session holding a publisher back.
@@ -227,6 +229,7 @@ impl Broker {
             store,
             directory: OnceLock::new(),
             reports: RwLock::new(Vec::new()),
+            tracer: Tracer::default(),
         });
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker
@@ -250,6 +253,19 @@ impl Broker {
     /// `now` in seconds since the Unix epoch, as the store keeps times.
     fn unix_secs(&self, now: Instant) -> u64 {
         self.started_unix + now.saturating_duration_since(self.started).as_secs()
+    }
+
+    /// `[limits]` and `[session]` as they are now (`Broker::config` keeps them as they were at
+    /// the start).
+    pub fn live(&self) -> Arc<Live> {
+        self.live.read().clone()
+    }
+
+    /// Puts `config`'s `[limits]` and `[session]` in force: for connections from now on (and,
+    /// for the connection limits and the memory watermark, at once).
+    pub fn apply_live(&self, config: &Config) {
+        self.memory.set_watermark(config.limits.memory_high_watermark);
+        *self.live.write() = Arc::new(Live::of(config));
     }
 
     /// Connections parked now (see [`crate::transport::tcp::park`]).

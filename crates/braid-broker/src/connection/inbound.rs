@@ -13,7 +13,8 @@ use braid_proto::{
 
 use super::receive_window::WindowShare;
 use crate::auth::ConnectionAcl;
-use crate::broker::{Broker, Ending, Holder, Live};
+use crate::broker::live::Live;
+use crate::broker::{Broker, Ending, Holder};
 use crate::config::DeniedPublish;
 use crate::directory::Waiting;
 use crate::limits::{topic_too_big, PublishLimiter};
@@ -22,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::router::Confirm;
 use crate::session::{Qos2Ids, Session};
 use crate::store::Ticket;
+use crate::trace::Direction;
 
 /// What the read loop does after a packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,6 +251,9 @@ impl<'a> Inbound<'a> {
                 Ok(None) => return Flow::Continue,
                 Err(e) => return Flow::Close(e.reason_code(), e.to_string().into()),
             };
+            if self.broker.tracer.is_active() {
+                self.broker.tracer.record(&self.session.client_id, Direction::In, &p);
+            }
             if let Some(refused) = check(&p) {
                 return refused;
             }

@@ -25,6 +25,7 @@ use crate::broker::{Accepted, Broker, Ending};
 use crate::control::ConnControl;
 use crate::metrics::Metrics;
 use crate::session::{Origin, QueueLimits, Session, SessionState, Transmit};
+use crate::trace::Direction;
 use crate::transport::Transport;
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
@@ -528,6 +529,14 @@ impl<'a> Connection<'a> {
                     Metrics::add(&broker.metrics.bytes_sent, n as u64);
                     self.written += n;
                     if self.written == self.out.len() {
+                        if broker.tracer.is_active() {
+                            broker.tracer.record_bytes(
+                                &a.session.client_id,
+                                Direction::Out,
+                                &self.out,
+                                self.version,
+                            );
+                        }
                         self.written = 0;
                         self.out.clear();
                         if self.out.capacity() > KEEP_WRITE_CAPACITY {

@@ -196,8 +196,7 @@ impl Streams {
         };
         let control_out = Arc::new(StreamOut::new(CONTROL_PRIORITY));
         control_out.push(connack.freeze());
-        let control_writer =
-            tokio::spawn(stream::write(control.send, control_out.clone(), a.ctl.clone(), broker.clone()));
+        let control_writer = tokio::spawn(stream::write(control.send, control_out.clone(), s.cx.clone()));
         s.outs.insert(control_index, control_out.clone());
         s.readers.spawn(stream::read(
             s.cx.clone(),
@@ -240,7 +239,7 @@ impl Streams {
         let out = Arc::new(StreamOut::new(0));
         self.outs.insert(index, out.clone());
         let cx = &self.cx;
-        self.writers.spawn(stream::write(send, out.clone(), cx.ctl.clone(), cx.broker.clone()));
+        self.writers.spawn(stream::write(send, out.clone(), cx.clone()));
         self.readers.spawn(stream::read(cx.clone(), index, false, recv, ReadBuffer::default(), out));
     }
 

@@ -21,6 +21,7 @@ use crate::control::ConnControl;
 use crate::message::StreamTag;
 use crate::metrics::Metrics;
 use crate::session::Session;
+use crate::trace::Direction;
 
 /// Bytes queued on one stream beyond which no more deliveries are encoded for it until the
 /// writer catches up (replies still go out).
@@ -113,12 +114,8 @@ impl StreamOut {
 
 /// Writes what is queued on `out` to `send` until the stream is finished, reset or fails. When
 /// the queue drops below [`STREAM_BUDGET`] the connection task is woken to encode more.
-pub(crate) async fn write(
-    mut send: quinn::SendStream,
-    out: Arc<StreamOut>,
-    ctl: Arc<ConnControl>,
-    broker: Arc<Broker>,
-) {
+pub(crate) async fn write(mut send: quinn::SendStream, out: Arc<StreamOut>, cx: StreamContext) {
+    let (ctl, broker) = (&cx.ctl, &cx.broker);
     loop {
         let code = out.reset.load(Ordering::Acquire);
         if code != NO_RESET {
@@ -139,6 +136,9 @@ pub(crate) async fn write(
             continue;
         };
         let len = chunk.len();
+        if broker.tracer.is_active() {
+            broker.tracer.record_bytes(&cx.session.client_id, Direction::Out, &chunk, cx.version);
+        }
         if send.write_chunk(chunk).await.is_err() {
             out.closed.store(true, Ordering::Release);
             ctl.wake();
