@@ -25,6 +25,7 @@ What is checked is what a user sees:
   with its priority; the remote restarted, the bridge resumes.
 * Bad `[[bridges.mqtt]]` configurations: exit status 2, the message naming the key.
 """
+import json
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -538,3 +540,59 @@ def test_in_a_cluster_each_message_crosses_the_bridge_once(remote, braid_cluster
         listed = n.admin_get("/api/v1/nodes")["data"]
         assert sorted((x["name"], x["this_node"]) for x in listed) == sorted(
             (o.node, o.node == n.node) for o in nodes), listed
+    # Each message from the remote entered on one node and was forwarded to the other once.
+    def total(name):
+        return sum(float(line.rsplit(" ", 1)[1]) for n in nodes for line in n.admin_get("/metrics").splitlines()
+                   if line.startswith(name + " "))
+    assert total("braid_cluster_forwarded_messages_total") >= 20
+    assert total("braid_cluster_received_messages_total") >= 20
+
+
+# --------------------------------------------------------------------------------------------------
+# reload
+# --------------------------------------------------------------------------------------------------
+
+def test_a_reload_adds_changes_and_removes_bridges_without_a_restart(remote, bridged, connect, mosquitto_sub):
+    """SIGHUP with a changed [[bridges.mqtt]] list: a new bridge starts, a changed one restarts
+    with its new lines, a removed one stops and its outbox session in Braid is ended; the
+    broker's clients stay connected throughout."""
+    a, c = unique("rla"), unique("rlc")
+    m = remote()
+    b = bridged(bridge(a, m, topic=[f"{a}/# out 1 local/ one/"]))
+    wait_up(connect, b, a)
+    bystander = connect(b, protocol=MQTTv5)
+    rsub = mosquitto_sub(m, [f"one/{a}/#", f"two/{a}/#", f"{c}/#"], qos=1, version="mqttv5")
+    pub = connect(b, protocol=MQTTv5)
+    pub.publish(f"local/{a}/x", b"before", qos=1)
+    assert rsub.get_message(WAIT).topic == f"one/{a}/x", b.bridge_log()
+    # a changes its remote prefix, c is new.
+    with open(b.config_file, "w") as f:
+        f.write(bridge_toml(bridge(a, m, topic=[f"{a}/# out 1 local/ two/"]), bridge(c, m, topic=[f"{c}/# out 1"])))
+    url = b.admin_url()
+    req = urllib.request.Request(url + "/api/v1/reload", method="POST")
+    with urllib.request.urlopen(req, timeout=15) as r:
+        outcome = json.loads(r.read())
+    assert sorted(outcome["bridges"]) == sorted([f"mqtt/{a} restarted", f"mqtt/{c} started"]), outcome
+    assert outcome["restart_needed"] == [], outcome
+    wait_up(connect, b, c)
+    deadline = time.monotonic() + WAIT
+    got = []
+    while time.monotonic() < deadline and f"two/{a}/x" not in [x.topic for x in got]:
+        pub.publish(f"local/{a}/x", b"after", qos=1)
+        got += rsub.collect(0.5)
+    assert f"two/{a}/x" in [x.topic for x in got], (got, b.bridge_log())
+    pub.publish(f"{c}/y", b"new bridge", qos=1)
+    deadline = time.monotonic() + WAIT
+    while f"{c}/y" not in [x.topic for x in got]:
+        assert time.monotonic() < deadline, (got, b.bridge_log())
+        got += rsub.collect(0.3)
+    # Both removed: stopped, and their sessions in Braid ended.
+    with open(b.config_file, "w") as f:
+        f.write(bridge_toml())
+    with urllib.request.urlopen(urllib.request.Request(url + "/api/v1/reload", method="POST"), timeout=15) as r:
+        outcome = json.loads(r.read())
+    assert sorted(outcome["bridges"]) == sorted([f"mqtt/{a} stopped", f"mqtt/{c} stopped"]), outcome
+    assert b.admin_get("/api/v1/bridges")["data"] == []
+    left = b.admin_get("/api/v1/clients?prefix=%24internal%2Fbridge%2F")["data"]
+    assert left == [], left
+    assert bystander.is_connected() and pub.is_connected()

@@ -27,6 +27,8 @@ use braid_broker::connection::in_process;
 use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
 use braid_client::{Client, ClientOptions, Connected, InMemory, ProtocolVersion, Transport};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 /// Checks the `[bridges]` settings that the configuration's own validation cannot (templates,
 /// names, a bridge kind this build lacks): the error names the key and the problem.
@@ -44,16 +46,123 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
 }
 
 /// Starts the configured bridges on `broker` (checked by [`check`]); they run until the broker
-/// shuts down. A bridge whose other side is away keeps trying, logs and counts; it never stops
-/// the broker.
-pub fn start(broker: &Arc<Broker>) {
-    #[cfg(feature = "kafka")]
-    for config in &broker.config.bridges.kafka {
-        kafka::start(broker, config.clone());
+/// shuts down or [`Bridges::apply`] stops them. A bridge whose other side is away keeps trying,
+/// logs and counts; it never stops the broker. The outboxes of bridges no longer configured
+/// are ended.
+pub async fn start(broker: &Arc<Broker>) -> Bridges {
+    let mut bridges = Bridges { broker: broker.clone(), running: Vec::new() };
+    bridges.apply(&broker.config.bridges).await;
+    bridges
+}
+
+/// The running bridges.
+#[derive(Debug)]
+pub struct Bridges {
+    broker: Arc<Broker>,
+    running: Vec<Running>,
+}
+
+/// One running bridge.
+#[derive(Debug)]
+struct Running {
+    kind: &'static str,
+    name: String,
+    /// Its configuration, to tell whether a reload changed it.
+    config: serde_json::Value,
+    stop: CancellationToken,
+}
+
+impl Bridges {
+    /// Puts `config` (checked by [`check`]) in force: stops the bridges it no longer has or
+    /// has changed, starts the new and changed ones (a changed bridge keeps its outbox, and
+    /// with it what it holds), and ends the outboxes of bridges it does not name (what they
+    /// held is dropped, and logged). Returns what it did, one `kind/name started|stopped|
+    /// restarted` per bridge.
+    pub async fn apply(&mut self, config: &braid_broker::config::BridgesConfig) -> Vec<String> {
+        let mut wanted: Vec<(&'static str, String, serde_json::Value)> = Vec::new();
+        #[cfg(feature = "kafka")]
+        wanted.extend(config.kafka.iter().map(|b| ("kafka", b.name.clone(), json(b))));
+        wanted.extend(config.mqtt.iter().map(|b| ("mqtt", b.name.clone(), json(b))));
+        let mut done = Vec::new();
+        let mut changed = Vec::new();
+        self.running.retain(|r| {
+            let named = |(k, n, _): &&(&str, String, serde_json::Value)| *k == r.kind && *n == r.name;
+            match wanted.iter().find(named) {
+                Some((.., c)) if *c == r.config => return true,
+                Some(_) => changed.push((r.kind, r.name.clone())),
+                None => done.push(format!("{}/{} stopped", r.kind, r.name)),
+            }
+            r.stop.cancel();
+            false
+        });
+        for (kind, name, value) in wanted {
+            if self.running.iter().any(|r| r.kind == kind && r.name == name) {
+                continue;
+            }
+            let stop = self.broker.shutdown.child_token();
+            let restarted = changed.iter().any(|(k, n)| *k == kind && *n == name);
+            match kind {
+                #[cfg(feature = "kafka")]
+                "kafka" => {
+                    let Some(b) = config.kafka.iter().find(|b| b.name == name) else { continue };
+                    kafka::start(&self.broker, b.clone(), &stop);
+                }
+                _ => {
+                    let Some(b) = config.mqtt.iter().find(|b| b.name == name) else { continue };
+                    mqtt::start(&self.broker, b.clone(), &stop);
+                }
+            }
+            done.push(format!("{kind}/{name} {}", if restarted { "restarted" } else { "started" }));
+            self.running.push(Running { kind, name, config: value, stop });
+        }
+        self.end_orphans().await;
+        done
     }
-    for config in &broker.config.bridges.mqtt {
-        mqtt::start(broker, config.clone());
+
+    /// Ends the sessions of bridges' in-process clients that no running bridge owns.
+    async fn end_orphans(&self) {
+        for client_id in self.broker.client_ids() {
+            let Some(rest) = client_id.strip_prefix(PREFIX) else { continue };
+            let rest = rest.split('@').next().unwrap_or(rest);
+            let mut parts = rest.splitn(3, '/');
+            let (Some(kind), Some(name)) = (parts.next(), parts.next()) else { continue };
+            if self.running.iter().any(|r| r.kind == kind && r.name == name) {
+                continue;
+            }
+            let held = self.broker.held_for(&client_id).unwrap_or(0);
+            match end_session(&self.broker, &client_id).await {
+                Ok(()) => {
+                    warn!(%client_id, held, "bridge {kind}/{name} is no longer configured: its session in Braid is ended, with what it held")
+                }
+                Err(e) => {
+                    warn!(%client_id, "bridge {kind}/{name} is no longer configured, and its session in Braid could not be ended: {e}")
+                }
+            }
+        }
     }
+}
+
+fn json(config: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(config).unwrap_or(serde_json::Value::Null)
+}
+
+/// The prefix of the bridges' in-process client ids.
+const PREFIX: &str = "$internal/bridge/";
+
+/// Ends the persistent session of in-process client `client_id`: a clean start, then a
+/// DISCONNECT with Session Expiry 0.
+async fn end_session(broker: &Arc<Broker>, client_id: &str) -> Result<(), braid_client::Error> {
+    let (name, opener) = (client_id.to_string(), broker.clone());
+    let limits = outbox_limits(1, 1, OverflowPolicy::DropNewest);
+    let mut opts = ClientOptions::new("in-process", 0);
+    opts.transport =
+        Transport::InMemory(InMemory::new(move || Ok(in_process::connect(&opener, &name, limits.clone()))));
+    opts.version = ProtocolVersion::V5;
+    opts.client_id = client_id.to_string();
+    opts.clean_start = true;
+    opts.session_expiry = Some(0);
+    let (client, _) = Client::connect(opts).await?;
+    client.disconnect(braid_client::ReasonCode::Success).await
 }
 
 /// Connects the in-process client `$internal/bridge/<id>` (in a cluster `...@<node>`: each
@@ -170,11 +279,11 @@ impl Backoff {
         self.next = self.first;
     }
 
-    /// Pauses, and doubles the next pause; false if the broker shut down meanwhile.
-    pub(crate) async fn pause(&mut self, broker: &Broker) -> bool {
+    /// Pauses, and doubles the next pause; false if the bridge was stopped meanwhile.
+    pub(crate) async fn pause(&mut self, stop: &CancellationToken) -> bool {
         let paused = tokio::select! {
             _ = tokio::time::sleep(self.next) => true,
-            _ = broker.shutdown.cancelled() => false,
+            _ = stop.cancelled() => false,
         };
         self.next = (self.next * 2).min(self.max);
         paused

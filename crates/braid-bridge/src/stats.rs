@@ -10,6 +10,7 @@ use braid_broker::message::Message;
 use braid_broker::report::{Report, Sample};
 use braid_broker::Broker;
 use braid_proto::{ByteString, Bytes};
+use tokio_util::sync::CancellationToken;
 
 /// What one bridge counts.
 #[derive(Debug, Default)]
@@ -81,19 +82,23 @@ pub(crate) struct Watched {
     /// The client id of its outbox's session, if it has one.
     outbox: Option<String>,
     broker: Weak<Broker>,
+    /// Cancelled when the bridge stops.
+    stop: CancellationToken,
 }
 
 impl Watched {
     /// Watches bridge `name` of `kind`: registers it with the broker's reports and publishes
-    /// its `$SYS` topics until the broker shuts down (none if `sys.interval_secs` is 0).
+    /// its `$SYS` topics (none if `sys.interval_secs` is 0) until `stop`, when it is taken off
+    /// the reports.
     pub(crate) fn start(
         broker: &Arc<Broker>,
         kind: &'static str,
         name: String,
         stats: Arc<Stats>,
         outbox: Option<String>,
+        stop: CancellationToken,
     ) {
-        let watched = Arc::new(Watched { kind, name, stats, outbox, broker: Arc::downgrade(broker) });
+        let watched = Arc::new(Watched { kind, name, stats, outbox, broker: Arc::downgrade(broker), stop });
         broker.add_report(watched.clone());
         tokio::spawn(publish(broker.clone(), watched));
     }
@@ -190,17 +195,18 @@ impl Report for Watched {
     }
 }
 
-/// Publishes `watched`'s state and counters until the broker shuts down.
+/// Publishes `watched`'s state and counters until it stops, then takes it off the reports.
 async fn publish(broker: Arc<Broker>, watched: Arc<Watched>) {
     let secs = broker.config.sys.interval_secs;
-    if secs == 0 {
-        return;
-    }
-    let mut tick = tokio::time::interval(Duration::from_secs(secs));
+    let mut tick = tokio::time::interval(Duration::from_secs(secs.max(1)));
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
-            _ = broker.shutdown.cancelled() => return,
+            _ = tick.tick(), if secs > 0 => {}
+            _ = watched.stop.cancelled() => {
+                let report: Arc<dyn Report> = watched.clone();
+                broker.remove_report(&report);
+                return;
+            }
         }
         let values = watched.values(&broker).into_iter().map(|(k, v)| (k, v.to_string()));
         for (topic, value) in std::iter::once(("state", watched.state().to_string())).chain(values) {

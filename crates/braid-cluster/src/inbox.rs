@@ -300,6 +300,7 @@ pub(crate) async fn route(
             (Source::Own, None) => Arrival::Sent,
         };
         let published = broker.publish_forwarded(msg, &scope, arrival, now);
+        shared.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ticket = ticket.max(published.ticket);
         held.extend(published.held);
     }

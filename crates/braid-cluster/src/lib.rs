@@ -111,6 +111,10 @@ struct Shared {
     handovers: Mutex<HashMap<ByteString, oneshot::Sender<()>>>,
     /// The live nodes, as the heartbeat last read them.
     live: Mutex<Vec<String>>,
+    /// Messages handed to other nodes (through their inboxes), and taken from this node's
+    /// inbox and routed here.
+    forwarded: std::sync::atomic::AtomicU64,
+    received: std::sync::atomic::AtomicU64,
 }
 
 impl Node {
@@ -152,6 +156,8 @@ impl Node {
             relays: Mutex::new(HashMap::new()),
             retained_applied: tokio::sync::watch::Sender::new((0, 0)),
             live: Mutex::new(Vec::new()),
+            forwarded: std::sync::atomic::AtomicU64::new(0),
+            received: std::sync::atomic::AtomicU64::new(0),
         });
         Ok(Node { shared, writer, retained_from })
     }

@@ -56,5 +56,15 @@ impl Report for Nodes {
             "1 while this node serves (its lease is held).",
             serving,
         ));
+        out.push(Sample::counter(
+            "braid_cluster_forwarded_messages_total",
+            "Messages handed to other nodes for their subscribers (one per node a message went to).",
+            shared.forwarded.load(Ordering::Relaxed),
+        ));
+        out.push(Sample::counter(
+            "braid_cluster_received_messages_total",
+            "Messages from other nodes taken from this node's inbox and routed here.",
+            shared.received.load(Ordering::Relaxed),
+        ));
     }
 }

@@ -48,6 +48,7 @@ impl RemoteSink for NodeSink {
         if fwd.msg.origin == 0 && fwd.msg.topic.starts_with("$SYS/") {
             return Delivered::queued(0);
         }
+        self.shared.forwarded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Delivered::queued(self.shared.store.forward(&self.node, &self.shared.incarnation, &fwd, self.relay))
     }
 }

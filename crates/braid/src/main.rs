@@ -189,7 +189,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             },
             None => None,
         };
-        let reloader = reload::Reloader::new(file, overrides, server.broker().clone(), log_handle);
+        let bridges = braid_bridge::start(server.broker()).await;
+        let reloader = reload::Reloader::new(file, overrides, server.broker().clone(), log_handle, bridges);
         let admin =
             match braid_admin::AdminListener::bind(server.broker(), server.bound(), Some(reloader.reports()))
                 .await
@@ -207,7 +208,6 @@ fn serve(args: ServeArgs) -> ExitCode {
         if let Some(admin) = admin {
             tokio::spawn(admin.run());
         }
-        braid_bridge::start(server.broker());
         tokio::spawn(reloader.run());
         let shutdown = server.broker().shutdown.clone();
         tokio::spawn(async move {

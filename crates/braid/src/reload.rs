@@ -2,8 +2,9 @@
 //! environment and the flags are read again. A configuration that does not load is refused
 //! whole and the running one stays. Otherwise what can change live is put in force —
 //! `[limits]` and `[session]` (for connections from now on; the connection limits and the
-//! memory watermark at once) and `log.level` — and every other changed key is named as
-//! needing a restart. On the same signal the password and ACL files, the API keys and the TLS
+//! memory watermark at once), `log.level`, and the bridges (each added, removed or changed
+//! one started, stopped or restarted; the others go on undisturbed) — and every other changed
+//! key is named as needing a restart. On the same signal the password and ACL files, the API keys and the TLS
 //! certificates are read again by their owners.
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use braid_admin::Reloaded;
 use braid_broker::{Broker, Config};
 
 /// The keys (or sections, ending in `.`) a reload changes without a restart.
-const LIVE: [&str; 3] = ["limits.", "session.", "log.level"];
+const LIVE: [&str; 4] = ["limits.", "session.", "log.level", "bridges."];
 
 /// Reads the configuration again and applies what it can.
 pub(crate) struct Reloader {
@@ -30,6 +31,7 @@ pub(crate) struct Reloader {
     log: Option<reload::Handle<EnvFilter, Registry>>,
     /// The configuration in force: the start's with the live keys of the last reload.
     running: Config,
+    bridges: braid_bridge::Bridges,
     reports: watch::Sender<Reloaded>,
     /// SIGHUP, watched from the start (unwatched, it would end the process).
     hangup: Option<tokio::signal::unix::Signal>,
@@ -43,13 +45,14 @@ impl Reloader {
         overrides: Vec<String>,
         broker: Arc<Broker>,
         log: Option<reload::Handle<EnvFilter, Registry>>,
+        bridges: braid_bridge::Bridges,
     ) -> Reloader {
         let running = broker.config.clone();
         let reports = watch::Sender::new(Reloaded { seq: 0, outcome: Ok(Value::Null) });
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .inspect_err(|e| warn!("cannot watch SIGHUP: the configuration will not reload: {e}"))
             .ok();
-        Reloader { file, overrides, broker, log, running, reports, hangup }
+        Reloader { file, overrides, broker, log, running, bridges, reports, hangup }
     }
 
     /// Where the outcome of each reload is announced (for the admin API).
@@ -65,7 +68,7 @@ impl Reloader {
                 got = hup.recv() => if got.is_none() { return },
                 _ = self.broker.shutdown.cancelled() => return,
             }
-            let outcome = self.reload();
+            let outcome = self.reload().await;
             match &outcome {
                 Ok(v) => {
                     info!(changed = %v["changed"], restart_needed = %v["restart_needed"], "SIGHUP: configuration reloaded")
@@ -78,7 +81,7 @@ impl Reloader {
 
     /// One reload: the changed keys applied live and those that need a restart, or why the
     /// new configuration was refused.
-    fn reload(&mut self) -> Result<Value, String> {
+    async fn reload(&mut self) -> Result<Value, String> {
         self.broker.security.reload(true);
         let new = Config::load(self.file.as_deref(), &self.overrides).map_err(|e| e.to_string())?;
         braid_bridge::check(&new).map_err(|e| e.to_string())?;
@@ -103,14 +106,20 @@ impl Reloader {
             }
         }
         self.broker.apply_live(&new);
+        let bridges = match live.iter().any(|k| k.starts_with("bridges.")) {
+            true => self.bridges.apply(&new.bridges).await,
+            false => Vec::new(),
+        };
         self.running.limits = new.limits.clone();
         self.running.session = new.session.clone();
         self.running.log.level = new.log.level.clone();
+        self.running.bridges = new.bridges.clone();
         for key in &restart {
             warn!(key = %key, "changed in the configuration: takes effect at the next start");
         }
         Ok(json!({
             "changed": live,
+            "bridges": bridges,
             "restart_needed": restart,
             "notes": notes,
             "reloaded_files": ["auth.password_file", "acl.file", "admin.api_keys_file", "tls certificates"],

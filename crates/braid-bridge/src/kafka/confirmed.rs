@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::FutureProducer;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use braid_broker::config::KafkaBridgeConfig;
@@ -28,8 +29,13 @@ use crate::stats::{bump, drop_one, Stats};
 /// The longest pause before a record Kafka did not take is produced again.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Subscribes bridge `config`'s producer to its `out` filters.
-pub(super) fn start(broker: &Arc<Broker>, config: Arc<KafkaBridgeConfig>, stats: Arc<Stats>) {
+/// Subscribes bridge `config`'s producer to its `out` filters, until `stop`.
+pub(super) fn start(
+    broker: &Arc<Broker>,
+    config: Arc<KafkaBridgeConfig>,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) {
     let routes = match record::routes(&config) {
         Ok(routes) => routes,
         Err(e) => return error!(bridge = %config.name, "kafka bridge out: {e}"),
@@ -56,11 +62,18 @@ pub(super) fn start(broker: &Arc<Broker>, config: Arc<KafkaBridgeConfig>, stats:
         .collect();
     let sink = Arc::new(KafkaSink { config, routes, producer: Arc::new(producer), stats });
     let remote = broker.remote_sink(sink.clone());
-    for (filter, options) in filters {
-        if let Err(reason) = broker.subscribe_remote(&remote, &filter, options) {
+    for (filter, options) in &filters {
+        if let Err(reason) = broker.subscribe_remote(&remote, filter, *options) {
             error!(bridge = %sink.config.name, %filter, "kafka bridge out: cannot subscribe: {reason:?}");
         }
     }
+    let broker = broker.clone();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        for (filter, _) in &filters {
+            broker.unsubscribe_remote(&remote, filter);
+        }
+    });
     info!(bridge = %sink.config.name, "kafka bridge out: publishers are acknowledged once Kafka has their messages (ack = \"kafka\")");
 }
 

@@ -15,6 +15,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message as _};
 use rdkafka::{Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use braid_broker::config::{KafkaBridgeConfig, KafkaIn};
@@ -42,9 +43,13 @@ struct Route {
     retain: bool,
 }
 
-/// Runs the bridge's `in` direction, one consumer per consumer group, until the broker shuts
-/// down.
-pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, stats: Arc<Stats>) {
+/// Runs the bridge's `in` direction, one consumer per consumer group, until `stop`.
+pub(super) async fn run(
+    broker: Arc<Broker>,
+    config: Arc<KafkaBridgeConfig>,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) {
     let mut groups: BTreeMap<String, Vec<&KafkaIn>> = BTreeMap::new();
     for n in &config.inbound {
         let group = if n.group.is_empty() { config.name.clone() } else { n.group.clone() };
@@ -57,8 +62,8 @@ pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, sta
             Ok(routes) => routes,
             Err(e) => return error!(bridge = %config.name, "kafka bridge in: {e}"),
         };
-        let (broker, config, stats) = (broker.clone(), config.clone(), stats.clone());
-        tasks.push(tokio::spawn(async move { group_loop(broker, config, group, routes, stats).await }));
+        let (broker, config, stats, stop) = (broker.clone(), config.clone(), stats.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move { group_loop(broker, config, group, routes, stats, stop).await }));
     }
     for t in tasks {
         let _ = t.await;
@@ -81,13 +86,14 @@ async fn group_loop(
     group: String,
     routes: BTreeMap<String, Route>,
     stats: Arc<Stats>,
+    stop: CancellationToken,
 ) {
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
-    while !broker.shutdown.is_cancelled() {
-        let why = consume(&broker, &config, &group, &routes, &stats).await;
+    while !stop.is_cancelled() {
+        let why = consume(&broker, &config, &group, &routes, &stats, &stop).await;
         let Some(why) = why else { return };
         warn!(bridge = %config.name, %group, "kafka bridge in: {why}; resuming from the last commit in {} ms", backoff.next().as_millis());
-        if !backoff.pause(&broker).await {
+        if !backoff.pause(&stop).await {
             return;
         }
     }
@@ -100,6 +106,7 @@ async fn consume(
     group: &str,
     routes: &BTreeMap<String, Route>,
     stats: &Arc<Stats>,
+    stop: &CancellationToken,
 ) -> Option<String> {
     let context = Context { bridge: config.name.clone(), stats: stats.clone() };
     let cluster = &broker.config.cluster;
@@ -154,7 +161,7 @@ async fn consume(
                     }
                 }
             }
-            _ = broker.shutdown.cancelled() => break None,
+            _ = stop.cancelled() => break None,
         }
     };
     if stop.is_none() {

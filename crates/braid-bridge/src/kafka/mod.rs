@@ -14,6 +14,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use braid_broker::config::{ConfigError, KafkaAck, KafkaBridgeConfig};
@@ -127,21 +128,23 @@ fn required_template(text: &str, fields: &[&str], levels: bool, what: &str) -> R
     }
 }
 
-/// Starts bridge `config`'s directions and its `$SYS` topics.
-pub(crate) fn start(broker: &Arc<Broker>, config: KafkaBridgeConfig) {
+/// Starts bridge `config`'s directions and its `$SYS` topics, until `stop`.
+pub(crate) fn start(broker: &Arc<Broker>, config: KafkaBridgeConfig, stop: &CancellationToken) {
     let config = Arc::new(config);
     let stats = Arc::new(Stats::default());
     info!(bridge = %config.name, brokers = ?config.brokers, out = config.out.len(), r#in = config.inbound.len(), "kafka bridge starting");
     let outbox = (config.ack == KafkaAck::Log && !config.out.is_empty())
         .then(|| crate::client_id(broker, &out::outbox_id(&config.name)));
-    Watched::start(broker, "kafka", config.name.clone(), stats.clone(), outbox);
+    Watched::start(broker, "kafka", config.name.clone(), stats.clone(), outbox, stop.clone());
     match config.ack {
         _ if config.out.is_empty() => {}
-        KafkaAck::Log => drop(tokio::spawn(out::run(broker.clone(), config.clone(), stats.clone()))),
-        KafkaAck::Kafka => confirmed::start(broker, config.clone(), stats.clone()),
+        KafkaAck::Log => {
+            drop(tokio::spawn(out::run(broker.clone(), config.clone(), stats.clone(), stop.clone())))
+        }
+        KafkaAck::Kafka => confirmed::start(broker, config.clone(), stats.clone(), stop.clone()),
     }
     if !config.inbound.is_empty() {
-        tokio::spawn(inbound::run(broker.clone(), config, stats));
+        tokio::spawn(inbound::run(broker.clone(), config, stats, stop.clone()));
     }
 }
 

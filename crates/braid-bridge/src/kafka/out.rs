@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use rdkafka::producer::FutureProducer;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use braid_broker::config::KafkaBridgeConfig;
@@ -43,8 +44,14 @@ enum Ended {
     Retry(String, bool),
 }
 
-/// Runs the bridge's `out` direction until the broker shuts down.
-pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, stats: Arc<Stats>) {
+/// Runs the bridge's `out` direction until `stop` (the broker shuts down, or a reload stops
+/// the bridge).
+pub(super) async fn run(
+    broker: Arc<Broker>,
+    config: Arc<KafkaBridgeConfig>,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) {
     let routes = match record::routes(&config) {
         Ok(routes) => routes,
         Err(e) => return error!(bridge = %config.name, "kafka bridge out: {e}"),
@@ -53,13 +60,13 @@ pub(super) async fn run(broker: Arc<Broker>, config: Arc<KafkaBridgeConfig>, sta
         crate::outbox_limits(config.max_queued_messages, config.max_queued_bytes, config.queue_overflow);
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
-        let ended = session(&broker, &config, &routes, &limits, &stats).await;
+        let ended = session(&broker, &config, &routes, &limits, &stats, &stop).await;
         let Ended::Retry(why, delivered) = ended else { return };
         if delivered {
             backoff.reset();
         }
         warn!(bridge = %config.name, "kafka bridge out: {why}; resending what Kafka has not acknowledged in {} ms", backoff.next().as_millis());
-        if !backoff.pause(&broker).await {
+        if !backoff.pause(&stop).await {
             return;
         }
     }
@@ -72,8 +79,9 @@ async fn session(
     routes: &[Route],
     limits: &Arc<QueueLimits>,
     stats: &Arc<Stats>,
+    stop: &CancellationToken,
 ) -> Ended {
-    if broker.shutdown.is_cancelled() {
+    if stop.is_cancelled() {
         return Ended::Shutdown;
     }
     let context = Context { bridge: config.name.clone(), stats: stats.clone() };
@@ -103,7 +111,7 @@ async fn session(
                     pending.push_back(async move { (received, finish(sends, &bridge, &stats, &p.topic).await) });
                 }
                 Some((Event::Disconnected(_), _)) | None => {
-                    return match broker.shutdown.is_cancelled() {
+                    return match stop.is_cancelled() {
                         true => Ended::Shutdown,
                         false => Ended::Retry("the outbox's connection closed".into(), delivered),
                     };
@@ -131,7 +139,7 @@ async fn session(
                     client.ack(r);
                 }
             }
-            _ = broker.shutdown.cancelled() => return Ended::Shutdown,
+            _ = stop.cancelled() => return Ended::Shutdown,
         }
     }
 }

@@ -21,6 +21,7 @@ mod topics;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use braid_broker::config::{ConfigError, MqttBridgeConfig};
@@ -119,6 +120,8 @@ pub(crate) struct Bridge {
     stats: Arc<Stats>,
     /// The outbox's queue limits.
     limits: Arc<QueueLimits>,
+    /// Cancelled when the bridge stops: the broker shuts down, or a reload stops it.
+    stop: CancellationToken,
     /// The client id on the remote.
     remote_id: String,
     /// Where the connection's state is published in Braid (`notifications`).
@@ -127,8 +130,8 @@ pub(crate) struct Bridge {
     down_said: AtomicBool,
 }
 
-/// Starts bridge `config` and its `$SYS` topics.
-pub(crate) fn start(broker: &Arc<Broker>, config: MqttBridgeConfig) {
+/// Starts bridge `config` and its `$SYS` topics, until `stop`.
+pub(crate) fn start(broker: &Arc<Broker>, config: MqttBridgeConfig, stop: &CancellationToken) {
     let lines = match config.topic.iter().map(|t| Line::parse(t)).collect::<Result<Vec<_>, _>>() {
         Ok(lines) => lines,
         // Checked when the configuration loaded (`check`).
@@ -150,9 +153,10 @@ pub(crate) fn start(broker: &Arc<Broker>, config: MqttBridgeConfig) {
     info!(bridge = %config.name, address = %config.address, transport = %config.transport, remote_client_id = %remote_id, lines = lines.len(), "mqtt bridge starting");
     say_about_loops(&config, &lines);
     let outbox = crate::client_id(broker, &session::local_id(&config.name));
-    Watched::start(broker, "mqtt", config.name.clone(), stats.clone(), Some(outbox));
+    Watched::start(broker, "mqtt", config.name.clone(), stats.clone(), Some(outbox), stop.clone());
     let bridge = Bridge {
         broker: broker.clone(),
+        stop: stop.clone(),
         config,
         lines,
         stats,

@@ -70,7 +70,7 @@ pub(super) async fn run(b: Arc<Bridge>) {
             backoff.reset();
         }
         debug!(bridge = %b.config.name, "mqtt bridge: {why}; starting again in {} ms", backoff.next().as_millis());
-        if !backoff.pause(&b.broker).await {
+        if !backoff.pause(&b.stop).await {
             return;
         }
     }
@@ -78,7 +78,7 @@ pub(super) async fn run(b: Arc<Bridge>) {
 
 /// One session: the bridge's connection in Braid, then the remote's.
 async fn session(b: &Arc<Bridge>) -> Ended {
-    if b.broker.shutdown.is_cancelled() {
+    if b.stop.is_cancelled() {
         return Ended::Shutdown;
     }
     let id = local_id(&b.config.name);
@@ -122,9 +122,9 @@ async fn connect_remote(b: &Bridge) -> Option<(Client, Connected)> {
                 Ok(c) => return Some(c),
                 Err(e) => b.went_down(&format!("cannot connect to {} ({}): {e}", b.config.address, b.config.transport)),
             },
-            _ = b.broker.shutdown.cancelled() => return None,
+            _ = b.stop.cancelled() => return None,
         }
-        if !backoff.pause(&b.broker).await {
+        if !backoff.pause(&b.stop).await {
             return None;
         }
     }
@@ -221,7 +221,7 @@ async fn pump(b: &Arc<Bridge>, local: &Client, remote: &Remote, connected: &Conn
             Some(Err(e)) => Ended::Retry(format!("a bridge task failed: {e}")),
             None => Ended::Retry("no bridge task".into()),
         },
-        _ = b.broker.shutdown.cancelled() => Ended::Shutdown,
+        _ = b.stop.cancelled() => Ended::Shutdown,
     };
     tasks.shutdown().await;
     ended

@@ -148,6 +148,11 @@ impl Broker {
         self.reports.write().push(report);
     }
 
+    /// Takes `report` (registered with [`Broker::add_report`]) off the reports.
+    pub fn remove_report(&self, report: &Arc<dyn Report>) {
+        self.reports.write().retain(|r| !Arc::ptr_eq(r, report));
+    }
+
     /// Every registered report.
     pub fn reports(&self) -> Vec<Arc<dyn Report>> {
         self.reports.read().clone()
