@@ -122,7 +122,9 @@ async fn stats(State(admin): Shared) -> Json<Value> {
     };
     let by_qos = |q: &braid_broker::metrics::ByQos| json!({ "0": q.get(QoS::AtMostOnce), "1": q.get(QoS::AtLeastOnce), "2": q.get(QoS::ExactlyOnce) });
     let refused: serde_json::Map<String, Value> =
-        std::iter::once(("max_connections".to_string(), json!(Metrics::get(&m.connections_refused))))
+        [("max_connections", &m.connections_refused), ("out_of_file_descriptors", &m.connections_refused_fd)]
+            .into_iter()
+            .map(|(k, c)| (k.to_string(), json!(Metrics::get(c))))
             .chain(
                 m.connects_refused
                     .counted()

@@ -63,11 +63,13 @@ pub(crate) fn broker_samples(broker: &Broker) -> Vec<Sample> {
             .with("transport", t.name()),
         );
     }
-    let refused = "Connections refused: at accept (max_connections) or by CONNACK reason.";
-    out.push(
-        c("braid_connections_refused_total", refused, Metrics::get(&m.connections_refused))
-            .with("reason", "max_connections"),
-    );
+    let refused =
+        "Connections refused: at accept (max_connections, out of file descriptors) or by CONNACK reason.";
+    for (reason, counter) in
+        [("max_connections", &m.connections_refused), ("out_of_file_descriptors", &m.connections_refused_fd)]
+    {
+        out.push(c("braid_connections_refused_total", refused, Metrics::get(counter)).with("reason", reason));
+    }
     for (reason, n) in m.connects_refused.counted() {
         out.push(
             c("braid_connections_refused_total", refused, n).with("reason", snake(reason.description())),

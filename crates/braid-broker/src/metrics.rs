@@ -42,6 +42,8 @@ pub struct Metrics {
     pub publishes_denied: AtomicU64,
     /// Connections closed at accept: `limits.max_connections` reached.
     pub connections_refused: AtomicU64,
+    /// Connections closed at accept: the process was out of file descriptors.
+    pub connections_refused_fd: AtomicU64,
     /// Idle connections parked now (see [`crate::transport::tcp::park`]).
     pub clients_parked: AtomicU64,
 }

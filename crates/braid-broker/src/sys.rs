@@ -49,7 +49,10 @@ fn publish_all(broker: &Broker) {
         ("$SYS/broker/publish/messages/dropped", m.messages_dropped().to_string()),
         ("$SYS/broker/publish/messages/held", Metrics::get(&m.publishes_held).to_string()),
         ("$SYS/broker/publish/messages/denied", Metrics::get(&m.publishes_denied).to_string()),
-        ("$SYS/broker/connections/refused", Metrics::get(&m.connections_refused).to_string()),
+        (
+            "$SYS/broker/connections/refused",
+            (Metrics::get(&m.connections_refused) + Metrics::get(&m.connections_refused_fd)).to_string(),
+        ),
         ("$SYS/broker/memory/alarm", u8::from(broker.memory.is_raised()).to_string()),
         ("$SYS/broker/bytes/received", Metrics::get(&m.bytes_received).to_string()),
         ("$SYS/broker/bytes/sent", Metrics::get(&m.bytes_sent).to_string()),
