@@ -5,10 +5,10 @@
 //! these cannot be guessed; and a fast check lets the dashboard poll without a cost per request.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use base64::Engine;
+use braid_broker::auth::{load_file, save_private, FileError, LineError};
 
 /// The prefix of every key (so that secret scanners can spot one).
 const PREFIX: &str = "braid_";
@@ -19,26 +19,16 @@ pub struct ApiKeys {
     keys: BTreeMap<String, String>,
 }
 
-/// A file that could not be read or parsed.
-#[derive(Debug)]
-pub struct KeysError(pub String);
-
-impl std::fmt::Display for KeysError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl ApiKeys {
     /// Parses the file's text; the error names the line and the problem.
-    pub fn parse(text: &str) -> Result<ApiKeys, KeysError> {
+    pub fn parse(text: &str) -> Result<ApiKeys, LineError> {
         let mut keys = BTreeMap::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let bad = |problem: &str| Err(KeysError(format!("line {}: {problem}", n + 1)));
+            let bad = |problem: &str| Err(LineError { line: n + 1, problem: problem.into() });
             let Some((name, hash)) = line.split_once(':') else { return bad("expected name:sha256:HEX") };
             let Some(hex) = hash.strip_prefix("sha256:") else { return bad("expected name:sha256:HEX") };
             if !valid_name(name) {
@@ -55,14 +45,12 @@ impl ApiKeys {
     }
 
     /// Reads and parses the file at `path`; a missing file is an error.
-    pub fn load(path: &Path) -> Result<ApiKeys, KeysError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| KeysError(format!("{}: {e}", path.display())))?;
-        ApiKeys::parse(&text).map_err(|e| KeysError(format!("{}: {e}", path.display())))
+    pub fn load(path: &Path) -> Result<ApiKeys, FileError> {
+        load_file(path, ApiKeys::parse)
     }
 
     /// Reads the file at `path`, or nothing if there is none yet.
-    pub fn load_or_empty(path: &Path) -> Result<ApiKeys, KeysError> {
+    pub fn load_or_empty(path: &Path) -> Result<ApiKeys, FileError> {
         match path.exists() {
             true => ApiKeys::load(path),
             false => Ok(ApiKeys::default()),
@@ -71,16 +59,8 @@ impl ApiKeys {
 
     /// Writes the file (mode 0600) by replacing it atomically.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(".braid-apikeys.{:016x}", rand::random::<u64>()));
-        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-        writeln!(file, "# braid API keys: name:sha256:HEX (managed by `braid apikey`)")?;
-        for (name, hex) in &self.keys {
-            writeln!(file, "{name}:sha256:{hex}")?;
-        }
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        let lines = self.keys.iter().map(|(name, hex)| format!("{name}:sha256:{hex}"));
+        save_private(path, "braid API keys: name:sha256:HEX (managed by `braid apikey`)", lines)
     }
 
     /// Makes a key named `name` (replacing one of that name) and returns it: the only time
@@ -152,7 +132,7 @@ mod tests {
     #[test]
     fn a_bad_line_is_named() {
         let e = ApiKeys::parse("# c\nops:sha256:abc\n").unwrap_err();
-        assert_eq!(e.0, "line 2: the hash is not 64 hex digits");
+        assert_eq!(e.to_string(), "line 2: the hash is not 64 hex digits");
         assert!(ApiKeys::add(&mut ApiKeys::default(), "bad name").is_err());
     }
 }

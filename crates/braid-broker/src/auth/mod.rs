@@ -27,7 +27,7 @@ use braid_proto::{Connect, ReasonCode};
 
 use crate::config::{AclPolicy, Config, ConfigError};
 use acl::{AclRules, ClientAcl};
-pub use file::{FileError, LineError};
+pub use file::{load_file, save_private, FileError, LineError};
 use http::HttpHook;
 use jwt::{AclClaim, JwtVerifier};
 use password::PasswordFile;

@@ -4,7 +4,6 @@
 //! of milliseconds), so the broker runs it off the async runtime.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use argon2::password_hash::rand_core::OsRng;
@@ -52,14 +51,12 @@ impl PasswordFile {
 
     /// Writes the file (mode 0600) by replacing it atomically.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let mut tmp = tempfile_in(dir)?;
-        writeln!(tmp.1, "# braid password file: username:argon2id-hash (managed by `braid passwd`)")?;
-        for (user, hash) in &self.users {
-            writeln!(tmp.1, "{user}:{hash}")?;
-        }
-        tmp.1.sync_all()?;
-        std::fs::rename(&tmp.0, path)
+        let lines = self.users.iter().map(|(user, hash)| format!("{user}:{hash}"));
+        super::file::save_private(
+            path,
+            "braid password file: username:argon2id-hash (managed by `braid passwd`)",
+            lines,
+        )
     }
 
     /// True if `user` is listed.
@@ -105,14 +102,6 @@ impl PasswordFile {
 pub fn hash(password: &[u8]) -> Result<String, String> {
     let salt = SaltString::generate(&mut OsRng);
     Argon2::default().hash_password(password, &salt).map(|h| h.to_string()).map_err(|e| e.to_string())
-}
-
-/// A new file in `dir` with mode 0600 (the password file's permissions).
-fn tempfile_in(dir: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(format!(".braid-passwd.{:016x}", rand::random::<u64>()));
-    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-    Ok((path, file))
 }
 
 #[cfg(test)]
