@@ -169,15 +169,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         let server = match bound {
             Ok(s) => s,
-            // Unusable TLS files are a configuration error; a listener that cannot open is not.
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                eprintln!("braid: invalid configuration: {e}");
-                return ExitCode::from(2);
-            }
-            Err(e) => {
-                eprintln!("braid: {e}");
-                return ExitCode::FAILURE;
-            }
+            Err(e) => return refused_start(e),
         };
         let member = match node {
             Some(node) => match node.start(server.broker()).await {
@@ -192,19 +184,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         let bridges = braid_bridge::start(server.broker()).await;
         let reloader = reload::Reloader::new(file, overrides, server.broker().clone(), log_handle, bridges);
         let admin =
-            match braid_admin::AdminListener::bind(server.broker(), server.bound(), Some(reloader.reports()))
-                .await
-            {
-                Ok(admin) => admin,
-                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                    eprintln!("braid: invalid configuration: {e}");
-                    return ExitCode::from(2);
-                }
-                Err(e) => {
-                    eprintln!("braid: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
+            braid_admin::AdminListener::bind(server.broker(), server.bound(), Some(reloader.reports()));
+        let admin = match admin.await {
+            Ok(admin) => admin,
+            Err(e) => return refused_start(e),
+        };
         if let Some(admin) = admin {
             tokio::spawn(admin.run());
         }
@@ -220,6 +204,17 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
         ExitCode::SUCCESS
     })
+}
+
+/// The exit for a listener that did not open: status 2 for a configuration error (unusable
+/// TLS or key files: `InvalidInput`), 1 for anything else (a port in use).
+fn refused_start(e: std::io::Error) -> ExitCode {
+    if e.kind() == std::io::ErrorKind::InvalidInput {
+        eprintln!("braid: invalid configuration: {e}");
+        return ExitCode::from(2);
+    }
+    eprintln!("braid: {e}");
+    ExitCode::FAILURE
 }
 
 /// Resolves on SIGINT or SIGTERM.
