@@ -38,7 +38,6 @@ pub struct ClientInfo {
 impl ClientInfo {
     fn of(session: &Session) -> ClientInfo {
         let st = session.lock();
-        let stored = st.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
         let mut subscriptions: Vec<_> = st.subscriptions.iter().map(|(f, r)| (f.clone(), *r)).collect();
         subscriptions.sort_by(|a, b| a.0.cmp(&b.0));
         ClientInfo {
@@ -47,7 +46,7 @@ impl ClientInfo {
             persistent: st.expiry_secs > 0,
             expiry_secs: st.expiry_secs,
             subscriptions,
-            queued: st.queue.len() + stored,
+            queued: st.waiting(),
             inflight: st.inflight.len(),
             dropped: st.dropped,
         }
@@ -72,8 +71,7 @@ impl Broker {
         let mut t = QueueTotals::default();
         for s in sessions {
             let st = s.lock();
-            let stored = st.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
-            t.queued += st.queue.len() + stored;
+            t.queued += st.waiting();
             t.inflight += st.inflight.len();
             t.publishers_held += u64::from(st.holding());
         }

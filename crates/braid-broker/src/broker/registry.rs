@@ -177,8 +177,7 @@ impl Broker {
     pub fn held_for(&self, client_id: &str) -> Option<usize> {
         let session = self.session_of(client_id)?;
         let st = session.lock();
-        let stored = st.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
-        Some(st.queue.len() + st.inflight.len() + stored)
+        Some(st.waiting() + st.inflight.len())
     }
 
     /// True if this broker holds a session of `client_id` (connected or not).

@@ -230,6 +230,13 @@ impl SessionState {
         self.link.as_ref().is_some_and(|l| l.generation == generation)
     }
 
+    /// Deliveries waiting to be sent: queued in memory, and, while the client is offline,
+    /// waiting in the store.
+    pub fn waiting(&self) -> usize {
+        let stored = self.persist.as_ref().and_then(|p| p.offline.as_ref()).map_or(0, |q| q.len());
+        self.queue.len() + stored
+    }
+
     /// Publishers this session holds back now (see [`crate::broker::Published::held`]).
     pub fn holding(&self) -> u32 {
         self.held
