@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use braid_broker::message::Message;
-use braid_broker::report::{Report, Sample};
+use braid_broker::report::{Kind, Report, Sample};
 use braid_broker::Broker;
 use braid_proto::{ByteString, Bytes};
 use tokio_util::sync::CancellationToken;
@@ -72,6 +72,62 @@ impl Stats {
     }
 }
 
+/// What a bridge counts, once for `$SYS`, the API and the metrics.
+struct Counter {
+    /// Its `$SYS/bridges/<kind>/<name>/` subtopic (with `_` for `/`: its key in the API).
+    topic: &'static str,
+    /// Its metric's name and help.
+    metric: &'static str,
+    help: &'static str,
+    kind: Kind,
+}
+
+/// Every counter, in [`Watched::values`]' order: [`Stats`]' then the outbox's depth.
+const COUNTERS: [Counter; 7] = [
+    Counter {
+        topic: "out/sent",
+        metric: "braid_bridge_sent_total",
+        help: "Messages bridged out and acknowledged by the other side.",
+        kind: Kind::Counter,
+    },
+    Counter {
+        topic: "out/failed",
+        metric: "braid_bridge_failed_total",
+        help: "Messages the other side failed to take, sent again.",
+        kind: Kind::Counter,
+    },
+    Counter {
+        topic: "out/dropped",
+        metric: "braid_bridge_dropped_total",
+        help: "Messages that could never be bridged out.",
+        kind: Kind::Counter,
+    },
+    Counter {
+        topic: "out/inflight",
+        metric: "braid_bridge_inflight_messages",
+        help: "Messages handed to the other side, not yet acknowledged.",
+        kind: Kind::Gauge,
+    },
+    Counter {
+        topic: "in/received",
+        metric: "braid_bridge_received_total",
+        help: "Messages brought in and published in Braid.",
+        kind: Kind::Counter,
+    },
+    Counter {
+        topic: "in/skipped",
+        metric: "braid_bridge_skipped_total",
+        help: "Records brought in that could not be published.",
+        kind: Kind::Counter,
+    },
+    Counter {
+        topic: "out/queued",
+        metric: "braid_bridge_queued_messages",
+        help: "Messages waiting in the bridge's outbox.",
+        kind: Kind::Gauge,
+    },
+];
+
 /// One bridge as operators see it: its counters and its outbox's depth, published under
 /// `$SYS/bridges/<kind>/<name>/` and reported to the admin API and metrics.
 #[derive(Debug)]
@@ -103,22 +159,24 @@ impl Watched {
         tokio::spawn(publish(broker.clone(), watched));
     }
 
-    /// Its counters, by `$SYS` subtopic; `out/queued` when it has an outbox.
-    fn values(&self, broker: &Broker) -> Vec<(&'static str, u64)> {
+    /// Its counters, each with what describes it; `out/queued` when it has an outbox.
+    fn values(&self, broker: &Broker) -> Vec<(&'static Counter, u64)> {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let s = &self.stats;
-        let mut values = vec![
-            ("out/sent", get(&s.sent)),
-            ("out/failed", get(&s.failed)),
-            ("out/dropped", get(&s.dropped)),
-            ("out/inflight", get(&s.in_flight)),
-            ("in/received", get(&s.received)),
-            ("in/skipped", get(&s.skipped)),
+        let counts = [
+            get(&s.sent),
+            get(&s.failed),
+            get(&s.dropped),
+            get(&s.in_flight),
+            get(&s.received),
+            get(&s.skipped),
         ];
-        if let Some(outbox) = &self.outbox {
-            values.push(("out/queued", broker.held_for(outbox).unwrap_or(0) as u64));
-        }
-        values
+        let queued = self.outbox.as_ref().map(|o| broker.held_for(o).unwrap_or(0) as u64);
+        COUNTERS
+            .iter()
+            .zip(counts.into_iter().map(Some).chain([queued]))
+            .filter_map(|(c, v)| Some((c, v?)))
+            .collect()
     }
 
     fn state(&self) -> &'static str {
@@ -138,8 +196,8 @@ impl Report for Watched {
     fn entries(&self) -> Vec<serde_json::Value> {
         let Some(broker) = self.broker.upgrade() else { return Vec::new() };
         let mut entry = serde_json::json!({ "name": self.name, "kind": self.kind, "state": self.state() });
-        for (key, value) in self.values(&broker) {
-            entry[key.replace('/', "_")] = value.into();
+        for (counter, value) in self.values(&broker) {
+            entry[counter.topic.replace('/', "_")] = value.into();
         }
         vec![entry]
     }
@@ -152,43 +210,10 @@ impl Report for Watched {
             "1 while the bridge's other side answers.",
             f64::from(u8::from(self.state() == "up")),
         )));
-        for (key, value) in self.values(&broker) {
-            let sample = match key {
-                "out/sent" => Sample::counter(
-                    "braid_bridge_sent_total",
-                    "Messages bridged out and acknowledged by the other side.",
-                    value,
-                ),
-                "out/failed" => Sample::counter(
-                    "braid_bridge_failed_total",
-                    "Messages the other side failed to take, sent again.",
-                    value,
-                ),
-                "out/dropped" => Sample::counter(
-                    "braid_bridge_dropped_total",
-                    "Messages that could never be bridged out.",
-                    value,
-                ),
-                "out/inflight" => Sample::gauge(
-                    "braid_bridge_inflight_messages",
-                    "Messages handed to the other side, not yet acknowledged.",
-                    value as f64,
-                ),
-                "out/queued" => Sample::gauge(
-                    "braid_bridge_queued_messages",
-                    "Messages waiting in the bridge's outbox.",
-                    value as f64,
-                ),
-                "in/received" => Sample::counter(
-                    "braid_bridge_received_total",
-                    "Messages brought in and published in Braid.",
-                    value,
-                ),
-                _ => Sample::counter(
-                    "braid_bridge_skipped_total",
-                    "Records brought in that could not be published.",
-                    value,
-                ),
+        for (c, value) in self.values(&broker) {
+            let sample = match c.kind {
+                Kind::Counter => Sample::counter(c.metric, c.help, value),
+                Kind::Gauge => Sample::gauge(c.metric, c.help, value as f64),
             };
             out.push(labelled(sample));
         }
@@ -208,7 +233,7 @@ async fn publish(broker: Arc<Broker>, watched: Arc<Watched>) {
                 return;
             }
         }
-        let values = watched.values(&broker).into_iter().map(|(k, v)| (k, v.to_string()));
+        let values = watched.values(&broker).into_iter().map(|(c, v)| (c.topic, v.to_string()));
         for (topic, value) in std::iter::once(("state", watched.state().to_string())).chain(values) {
             let topic = ByteString::from(format!("$SYS/bridges/{}/{}/{topic}", watched.kind, watched.name));
             let _ = broker.publish(Message::internal(topic, Bytes::from(value), true), Instant::now());
