@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -68,12 +68,32 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn bad_query(e: QueryRejection) -> Response {
-    error(StatusCode::BAD_REQUEST, format!("bad query string: {}", e.body_text()))
+/// A JSON body whose rejection is the API's error ([`ApiError`], naming the problem).
+struct Body<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(e) => Err(error(e.status(), format!("bad JSON body: {}", e.body_text()))),
+        }
+    }
 }
 
-fn bad_json(e: JsonRejection) -> Response {
-    error(e.status(), format!("bad JSON body: {}", e.body_text()))
+/// A query string whose rejection is the API's error.
+struct Params<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Response> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(Params(v)),
+            Err(e) => Err(error(StatusCode::BAD_REQUEST, format!("bad query string: {}", e.body_text()))),
+        }
+    }
 }
 
 /// `?page=&limit=`, in each list's query (serde's `flatten` cannot read numbers from a query).
@@ -257,11 +277,7 @@ fn subscription_json(
     v
 }
 
-async fn clients(State(admin): Shared, query: Result<Query<ClientFilter>, QueryRejection>) -> Response {
-    let Query(f) = match query {
-        Ok(q) => q,
-        Err(e) => return bad_query(e),
-    };
+async fn clients(State(admin): Shared, Params(f): Params<ClientFilter>) -> Response {
     let state = f.state.as_deref();
     if !matches!(state, None | Some("connected" | "offline")) {
         return error(StatusCode::BAD_REQUEST, "state is connected or offline");
@@ -358,18 +374,10 @@ struct NewSubscription {
     retain_as_published: bool,
 }
 
-async fn subscribe(
-    State(admin): Shared,
-    Path(id): Path<String>,
-    body: Result<Json<NewSubscription>, JsonRejection>,
-) -> Response {
+async fn subscribe(State(admin): Shared, Path(id): Path<String>, Body(s): Body<NewSubscription>) -> Response {
     if let Some(refused) = internal(&id) {
         return refused;
     }
-    let Json(s) = match body {
-        Ok(b) => b,
-        Err(e) => return bad_json(e),
-    };
     let Some(qos) = QoS::from_u8(s.qos) else { return error(StatusCode::BAD_REQUEST, "qos is 0, 1 or 2") };
     let options = SubscriptionOptions {
         qos,
@@ -400,15 +408,11 @@ struct FilterQuery {
 async fn unsubscribe(
     State(admin): Shared,
     Path(id): Path<String>,
-    query: Result<Query<FilterQuery>, QueryRejection>,
+    Params(q): Params<FilterQuery>,
 ) -> Response {
     if let Some(refused) = internal(&id) {
         return refused;
     }
-    let Query(q) = match query {
-        Ok(q) => q,
-        Err(e) => return bad_query(e),
-    };
     match admin.broker.unsubscribe_for(&id, &q.filter, Instant::now()) {
         None => no_client(&id),
         Some(true) => StatusCode::NO_CONTENT.into_response(),
@@ -427,14 +431,7 @@ struct SubscriptionFilter {
     limit: Option<usize>,
 }
 
-async fn subscriptions(
-    State(admin): Shared,
-    query: Result<Query<SubscriptionFilter>, QueryRejection>,
-) -> Response {
-    let Query(f) = match query {
-        Ok(q) => q,
-        Err(e) => return bad_query(e),
-    };
+async fn subscriptions(State(admin): Shared, Params(f): Params<SubscriptionFilter>) -> Response {
     let mut clients = admin.broker.clients();
     clients.sort_by(|a, b| a.client_id.cmp(&b.client_id));
     let mut out = Vec::new();
@@ -486,14 +483,7 @@ fn everything() -> String {
     "#".into()
 }
 
-async fn retained_list(
-    State(admin): Shared,
-    query: Result<Query<RetainedFilter>, QueryRejection>,
-) -> Response {
-    let Query(f) = match query {
-        Ok(q) => q,
-        Err(e) => return bad_query(e),
-    };
+async fn retained_list(State(admin): Shared, Params(f): Params<RetainedFilter>) -> Response {
     if !valid_topic_filter(&f.filter) {
         return error(StatusCode::BAD_REQUEST, format!("{:?} is not a valid topic filter", f.filter));
     }
@@ -566,11 +556,7 @@ struct NewProperties {
     user_properties: Vec<(String, String)>,
 }
 
-async fn publish(State(admin): Shared, body: Result<Json<NewPublish>, JsonRejection>) -> Response {
-    let Json(p) = match body {
-        Ok(b) => b,
-        Err(e) => return bad_json(e),
-    };
+async fn publish(State(admin): Shared, Body(p): Body<NewPublish>) -> Response {
     let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
     if !valid_topic_name(&p.topic) || p.topic.is_empty() {
         return bad(format!("{:?} is not a valid topic name (no wildcards, not empty)", p.topic));
@@ -746,11 +732,7 @@ async fn traces(State(admin): Shared) -> Json<Value> {
     Json(json!({ "data": data }))
 }
 
-async fn start_trace(State(admin): Shared, body: Result<Json<NewTrace>, JsonRejection>) -> Response {
-    let Json(t) = match body {
-        Ok(b) => b,
-        Err(e) => return bad_json(e),
-    };
+async fn start_trace(State(admin): Shared, Body(t): Body<NewTrace>) -> Response {
     let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
     let name_ok = t.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
     if t.name.is_empty() || t.name.len() > 64 || !name_ok {

@@ -1,19 +1,21 @@
 //! `GET /metrics`: the broker's counters, its store's, and those of every registered
 //! [`braid_broker::report::Report`] (bridges, the cluster), in the Prometheus text format.
-//! Read from relaxed atomics and one pass over the sessions: a scrape takes no lock that the
-//! publish path takes per message.
+//! Read from relaxed atomics and one pass over the sessions (each session's lock taken once,
+//! briefly, as one delivery to it does): a scrape takes no broker-wide lock that the publish
+//! path takes per message.
 
 use std::fmt::Write;
 use std::time::Instant;
 
 use braid_broker::metrics::{HistogramSnapshot, Metrics};
 use braid_broker::report::{Kind, Sample};
+use braid_broker::store::StoreStats;
 use braid_broker::transport::Transport;
 use braid_broker::Broker;
 use braid_proto::QoS;
 
 /// The broker's own samples.
-pub(crate) fn broker_samples(broker: &Broker) -> Vec<Sample> {
+fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
     let m = &broker.metrics;
     let mut out = Vec::new();
     let c = Sample::counter;
@@ -138,7 +140,7 @@ pub(crate) fn broker_samples(broker: &Broker) -> Vec<Sample> {
     if let Some(rss) = braid_broker::limits::resident_memory() {
         out.push(g("braid_resident_memory_bytes", "Resident set size of the process.", rss as f64));
     }
-    if let Some(bytes) = broker.store.stats().disk_bytes {
+    if let Some(bytes) = store.disk_bytes {
         out.push(g("braid_store_disk_bytes", "Bytes of the store's files on disk.", bytes as f64));
     }
     out
@@ -146,18 +148,19 @@ pub(crate) fn broker_samples(broker: &Broker) -> Vec<Sample> {
 
 /// The whole exposition: the broker's samples, its store's fsync histogram, the reports'.
 pub(crate) fn render(broker: &Broker, started: Instant) -> String {
-    let mut samples = broker_samples(broker);
+    let store = broker.store.stats();
+    let mut samples = broker_samples(broker, &store);
     for report in broker.reports() {
         report.samples(&mut samples);
     }
     let mut text = String::with_capacity(8 * 1024);
     write_samples(&mut text, &samples);
-    if let Some(syncs) = broker.store.stats().syncs {
+    if let Some(syncs) = &store.syncs {
         write_histogram(
             &mut text,
             "braid_store_fsync_seconds",
             "How long the store's disk syncs took.",
-            &syncs,
+            syncs,
         );
     }
     let _ = writeln!(
