@@ -6,6 +6,7 @@ analysis are its own (bench/SOAK.md has the 30-minute run)."""
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 
 import pytest
 
@@ -38,6 +39,7 @@ def test_two_minutes_of_mixed_load_lose_nothing_drop_no_one_and_leak_nothing():
         res = soak.run(target, minutes=2, interval=2, thresholds=THRESHOLDS, drain_timeout=20)
     finally:
         broker.stop()
+        shutil.rmtree(broker.data_dir, ignore_errors=True)   # ~30 MB of segments
     report = "\n".join(soak.summary_lines(res))
     print(report)
     assert res["published"]["pub-q1-a"]["acked"] > 1000, report
