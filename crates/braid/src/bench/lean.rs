@@ -10,10 +10,12 @@
 //! takes part in reconnect storms.
 
 use std::cell::RefCell;
+use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use braid_proto::{
@@ -22,7 +24,7 @@ use braid_proto::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
 use super::args::{CommonArgs, ConnArgs};
 use super::conn::{self, Stop};
@@ -42,6 +44,54 @@ const STOP: u32 = u32::MAX;
 
 thread_local! {
     static BUF: RefCell<Box<[u8]>> = RefCell::new(vec![0; SCRATCH].into_boxed_slice());
+}
+
+/// What the clients are told: a number that changes at each reconnect storm ([`STOP`] ends the
+/// run), and a waker slot per client woken at each change. 24 bytes a client, where a watch
+/// receiver would put a 120-byte future in every task.
+struct Control {
+    value: AtomicU32,
+    wakers: Vec<Mutex<Option<Waker>>>,
+}
+
+impl Control {
+    fn new(clients: usize) -> Control {
+        Control { value: AtomicU32::new(0), wakers: (0..clients).map(|_| Mutex::new(None)).collect() }
+    }
+
+    fn get(&self) -> u32 {
+        self.value.load(Ordering::SeqCst)
+    }
+
+    /// Sets the value and wakes every client.
+    fn set(&self, value: u32) {
+        self.value.store(value, Ordering::SeqCst);
+        for w in &self.wakers {
+            if let Some(w) = w.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Ready with the value once it differs from `seen`; client `slot` is woken at the change.
+    fn poll_changed(&self, slot: usize, seen: u32, cx: &mut Context<'_>) -> Poll<u32> {
+        let v = self.get();
+        if v != seen {
+            return Poll::Ready(v);
+        }
+        let mut w = self.wakers[slot].lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *w {
+            Some(w) => w.clone_from(cx.waker()),
+            None => *w = Some(cx.waker().clone()),
+        }
+        drop(w);
+        let v = self.get();
+        if v != seen {
+            Poll::Ready(v)
+        } else {
+            Poll::Pending
+        }
+    }
 }
 
 /// Everything the clients share.
@@ -73,6 +123,7 @@ struct Plan {
     storm_last_ns: AtomicU64,
     /// Client tasks alive.
     live: AtomicU64,
+    control: Control,
 }
 
 impl Plan {
@@ -99,11 +150,30 @@ enum End {
     Lost,
 }
 
-/// Encodes `packet` and writes it.
-async fn send(stream: &mut TcpStream, packet: &Packet, version: ProtocolVersion) -> io::Result<()> {
+/// The encoding of `packet`.
+fn encoded(packet: &Packet, version: ProtocolVersion) -> io::Result<BytesMut> {
     let mut buf = BytesMut::new();
     encode(packet, version, &mut buf).map_err(|e| io::Error::other(e.to_string()))?;
-    stream.write_all(&buf).await
+    Ok(buf)
+}
+
+/// Encodes `packet` and writes it.
+async fn send(stream: &mut TcpStream, packet: &Packet, version: ProtocolVersion) -> io::Result<()> {
+    stream.write_all(&encoded(packet, version)?).await
+}
+
+/// The next packet a holding client sends: its `published`-th stamped message to its own topic
+/// (`publish`), or PINGREQ. Encoded here, so that no packet lives in the task while it writes.
+fn tick(plan: &Plan, seq: u64, publish: bool, published: u64) -> io::Result<BytesMut> {
+    let packet = if publish {
+        let mut payload = BytesMut::with_capacity(plan.filler.len());
+        payload::write_stamped(&mut payload, &plan.filler, seq as u32, published, Clock::global().now_ns());
+        let topic = plan.topics(seq).swap_remove(0);
+        Packet::Publish(Publish { topic: topic.into(), payload: payload.freeze(), ..Default::default() })
+    } else {
+        Packet::PingReq
+    };
+    encoded(&packet, plan.version)
 }
 
 /// Reads until one packet is decoded from `buf` (which may keep bytes that followed it).
@@ -271,7 +341,7 @@ fn read_some(plan: &Plan, seq: u64, s: &mut Session) -> io::Result<bool> {
 
 /// Holds a connection: reads, PINGREQ every keep alive, publishes every `-I`, until the end of
 /// the run, a storm or the loss of the connection.
-async fn hold(plan: &Plan, seq: u64, s: &mut Session, ctl: &mut watch::Receiver<u32>) -> End {
+async fn hold(plan: &Plan, seq: u64, s: &mut Session, seen: u32) -> End {
     // Bytes read with SUBACK (a retained message, say).
     if !s.carry.is_empty() {
         match consume(plan, seq, &s.carry) {
@@ -294,7 +364,8 @@ async fn hold(plan: &Plan, seq: u64, s: &mut Session, ctl: &mut watch::Receiver<
     let mut published = 0u64;
     loop {
         tokio::select! {
-            r = s.stream.readable() => {
+            // poll_read_ready: the waker waits in the socket's registration, not in this task.
+            r = poll_fn(|cx| s.stream.poll_read_ready(cx)) => {
                 match r.and_then(|()| read_some(plan, seq, s)) {
                     Ok(true) => {}
                     _ => return End::Lost,
@@ -302,33 +373,32 @@ async fn hold(plan: &Plan, seq: u64, s: &mut Session, ctl: &mut watch::Receiver<
             }
             _ = tokio::time::sleep_until(next_ping.min(next_pub)) => {
                 let now = tokio::time::Instant::now();
-                let packet = if now >= next_pub {
-                    next_pub += plan.pub_interval;
-                    let mut payload = BytesMut::with_capacity(plan.filler.len());
-                    payload::write_stamped(&mut payload, &plan.filler, seq as u32, published, Clock::global().now_ns());
-                    published += 1;
-                    let topic = plan.topics(seq).swap_remove(0);
-                    Packet::Publish(Publish { topic: topic.into(), payload: payload.freeze(), ..Default::default() })
-                } else {
-                    Packet::PingReq
-                };
-                if send(&mut s.stream, &packet, plan.version).await.is_err() {
+                let publish = now >= next_pub;
+                let Ok(buf) = tick(plan, seq, publish, published) else { return End::Lost };
+                if s.stream.write_all(&buf).await.is_err() {
                     return End::Lost;
                 }
-                if matches!(packet, Packet::Publish(_)) {
+                if publish {
+                    next_pub += plan.pub_interval;
+                    published += 1;
                     plan.stats.inc(Counter::Pub);
                 }
                 next_ping = now + keep_alive;
             }
-            r = ctl.changed() => {
-                return if r.is_err() || *ctl.borrow_and_update() == STOP { End::Stop } else { End::Storm };
+            v = poll_fn(|cx| plan.control.poll_changed(slot(plan, seq), seen, cx)) => {
+                return if v == STOP { End::Stop } else { End::Storm };
             }
         }
     }
 }
 
+/// The control slot of client `seq`.
+fn slot(plan: &Plan, seq: u64) -> usize {
+    (seq - plan.common.start_number as u64) as usize
+}
+
 /// One client, from its first connect to the end of the run.
-async fn client(plan: Arc<Plan>, seq: u64, mut ctl: watch::Receiver<u32>) {
+async fn client(plan: Arc<Plan>, seq: u64) {
     let mut first = true;
     'run: loop {
         let mut attempt = 0;
@@ -344,7 +414,7 @@ async fn client(plan: Arc<Plan>, seq: u64, mut ctl: watch::Receiver<u32>) {
                 }
                 Err(e) => {
                     attempt += 1;
-                    if attempt == STORM_ATTEMPTS || *ctl.borrow() == STOP {
+                    if attempt == STORM_ATTEMPTS || plan.control.get() == STOP {
                         plan.storm_failed.fetch_add(1, Ordering::Relaxed);
                         eprintln!("client({seq}): reconnect error - {e}");
                         break 'run;
@@ -363,7 +433,8 @@ async fn client(plan: Arc<Plan>, seq: u64, mut ctl: watch::Receiver<u32>) {
             plan.storm_back.fetch_add(1, Ordering::Relaxed);
         }
         plan.connected.fetch_add(1, Ordering::Relaxed);
-        let end = hold(&plan, seq, &mut session, &mut ctl).await;
+        let seen = plan.control.get();
+        let end = if seen == STOP { End::Stop } else { hold(&plan, seq, &mut session, seen).await };
         plan.connected.fetch_sub(1, Ordering::Relaxed);
         match end {
             End::Storm => drop(session),
@@ -372,11 +443,10 @@ async fn client(plan: Arc<Plan>, seq: u64, mut ctl: watch::Receiver<u32>) {
                     reason: ReasonCode::Success,
                     properties: Properties::default(),
                 });
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    send(&mut session.stream, &bye, plan.version),
-                )
-                .await;
+                if let Ok(bye) = encoded(&bye, plan.version) {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(5), session.stream.write_all(&bye)).await;
+                }
                 break;
             }
             End::Lost => {
@@ -454,6 +524,7 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
         storm_failed: AtomicU64::new(0),
         storm_last_ns: AtomicU64::new(0),
         live: AtomicU64::new(0),
+        control: Control::new(common.count as usize),
         common: common.clone(),
     });
     let json = common.json;
@@ -461,7 +532,6 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
     let stop = Stop::new();
     stop.on_ctrl_c();
     let rss_start = rss_bytes();
-    let (ctl, ctl_rx) = watch::channel(0u32);
 
     // The ramp.
     let interval = Duration::from_millis(common.interval_ms);
@@ -474,7 +544,7 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
             tokio::time::sleep(interval).await;
         }
         plan.live.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(client(plan.clone(), common.start_number as u64 + n, ctl_rx.clone()));
+        tokio::spawn(client(plan.clone(), common.start_number as u64 + n));
         spawned += 1;
     }
     until(&stop, || plan.settled.load(Ordering::Relaxed) >= spawned).await;
@@ -520,7 +590,7 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
                 let t0 = plan.since_start_ns();
                 plan.storm_last_ns.store(t0, Ordering::Relaxed);
                 say(json, format!("storm: {storm_clients} clients drop their connection"));
-                ctl.send_modify(|n| *n += 1);
+                plan.control.set(plan.control.get() + 1);
                 until(&stop, || {
                     plan.storm_back.load(Ordering::Relaxed) + plan.storm_failed.load(Ordering::Relaxed)
                         >= storm_clients
@@ -532,7 +602,7 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
             }
         }
     }
-    ctl.send_replace(STOP);
+    plan.control.set(STOP);
     let mut s = conn::base_summary("conn", &common, &stats, connect_secs);
     s.latency_ns = Latency::of(&stats.latency());
     s.broadcast_received = plan.bcast.get(Counter::Recv);
