@@ -200,9 +200,27 @@ struct Session {
     keep_alive: u16,
 }
 
+/// A failed [`open`]: why, and whether CONNACK had come (the subscription failed).
+struct OpenError {
+    why: String,
+    acked: bool,
+}
+
 /// TCP connect, CONNECT/CONNACK and SUBSCRIBE/SUBACK, within `--max-connecting`. `first` records
 /// the CONNACK time and the counters of the ramp.
-async fn open(plan: &Plan, seq: u64, first: bool) -> Result<Session, String> {
+async fn open(plan: &Plan, seq: u64, first: bool) -> Result<Session, OpenError> {
+    let acked = std::sync::atomic::AtomicBool::new(false);
+    open_counted(plan, seq, first, &acked)
+        .await
+        .map_err(|why| OpenError { why, acked: acked.load(Ordering::Relaxed) })
+}
+
+async fn open_counted(
+    plan: &Plan,
+    seq: u64,
+    first: bool,
+    acked: &std::sync::atomic::AtomicBool,
+) -> Result<Session, String> {
     let _permit = plan.gate.acquire().await.map_err(|e| e.to_string())?;
     let socket = if plan.addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
         .map_err(|e| e.to_string())?;
@@ -240,6 +258,7 @@ async fn open(plan: &Plan, seq: u64, first: bool) -> Result<Session, String> {
             Packet::ConnAck(a) => return Err(format!("refused: {:?}", a.reason)),
             p => return Err(format!("{} instead of CONNACK", p.name())),
         }
+        acked.store(true, Ordering::Relaxed);
         if first {
             plan.stats.record_connect(t0.elapsed().as_nanos() as u64);
             plan.stats.inc(Counter::ConnectSucc);
@@ -407,16 +426,18 @@ async fn client(plan: Arc<Plan>, seq: u64) {
             match Box::pin(open(&plan, seq, first)).await {
                 Ok(s) => break s,
                 Err(e) if first => {
-                    plan.stats.inc(Counter::ConnectFail);
+                    if !e.acked {
+                        plan.stats.inc(Counter::ConnectFail);
+                    }
                     plan.settled.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("client({seq}): connect error - {e}");
+                    eprintln!("client({seq}): connect error - {}", e.why);
                     break 'run;
                 }
                 Err(e) => {
                     attempt += 1;
                     if attempt == STORM_ATTEMPTS || plan.control.get() == STOP {
                         plan.storm_failed.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("client({seq}): reconnect error - {e}");
+                        eprintln!("client({seq}): reconnect error - {}", e.why);
                         break 'run;
                     }
                     tokio::time::sleep(Duration::from_millis(250)).await;
