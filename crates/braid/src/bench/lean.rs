@@ -206,8 +206,25 @@ struct OpenError {
     acked: bool,
 }
 
-/// TCP connect, CONNECT/CONNACK and SUBSCRIBE/SUBACK, within `--max-connecting`. `first` records
-/// the CONNACK time and the counters of the ramp.
+/// A `--max-connecting` permit taken with [`Semaphore::forget`], given back when dropped: the
+/// ramp takes it before it spawns a client, so that only clients connecting or connected exist.
+struct Slot<'a>(&'a Semaphore);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.add_permits(1);
+    }
+}
+
+/// Takes a `--max-connecting` permit, to be given back by a [`Slot`].
+async fn take_slot(gate: &Semaphore) {
+    if let Ok(p) = gate.acquire().await {
+        p.forget();
+    }
+}
+
+/// TCP connect, CONNECT/CONNACK and SUBSCRIBE/SUBACK, holding a `--max-connecting` permit that
+/// it gives back. `first` records the CONNACK time and the counters of the ramp.
 async fn open(plan: &Plan, seq: u64, first: bool) -> Result<Session, OpenError> {
     let acked = std::sync::atomic::AtomicBool::new(false);
     open_counted(plan, seq, first, &acked)
@@ -221,7 +238,7 @@ async fn open_counted(
     first: bool,
     acked: &std::sync::atomic::AtomicBool,
 ) -> Result<Session, String> {
-    let _permit = plan.gate.acquire().await.map_err(|e| e.to_string())?;
+    let _slot = Slot(&plan.gate);
     let socket = if plan.addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
         .map_err(|e| e.to_string())?;
     if !plan.ifaddrs.is_empty() {
@@ -416,12 +433,16 @@ fn slot(plan: &Plan, seq: u64) -> usize {
     (seq - plan.common.start_number as u64) as usize
 }
 
-/// One client, from its first connect to the end of the run.
+/// One client, from its first connect (with the permit the ramp took for it) to the end of
+/// the run.
 async fn client(plan: Arc<Plan>, seq: u64) {
     let mut first = true;
     'run: loop {
         let mut attempt = 0;
         let mut session = loop {
+            if !first || attempt > 0 {
+                take_slot(&plan.gate).await;
+            }
             // Boxed: the handshake's state does not stay in the task for the connection's life.
             match Box::pin(open(&plan, seq, first)).await {
                 Ok(s) => break s,
@@ -564,6 +585,7 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
         if n > 0 && !interval.is_zero() {
             tokio::time::sleep(interval).await;
         }
+        take_slot(&plan.gate).await;
         plan.live.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(client(plan.clone(), common.start_number as u64 + n));
         spawned += 1;
