@@ -90,6 +90,17 @@ pub(crate) struct CommonArgs {
     pub threads: usize,
 }
 
+impl CommonArgs {
+    /// The protocol `-V` names.
+    pub(crate) fn protocol(&self) -> braid_proto::ProtocolVersion {
+        match self.version {
+            3 => braid_proto::ProtocolVersion::V3_1,
+            4 => braid_proto::ProtocolVersion::V3_1_1,
+            _ => braid_proto::ProtocolVersion::V5,
+        }
+    }
+}
+
 /// `braid bench conn`. Over plain TCP each client is a small task on a raw socket (about 1 KB
 /// of this process's memory); TLS, WebSocket, QUIC and --full-client go through braid-client
 /// (about 26 KB each) and support none of -t, -I, --ifaddr and --storm-after.

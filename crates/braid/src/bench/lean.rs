@@ -529,17 +529,13 @@ fn say(json: bool, line: String) {
 /// `braid bench conn` over plain TCP.
 pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
     let common = args.common;
-    let port = common.port.unwrap_or(1883);
+    let port = common.port.unwrap_or(common.transport.default_port());
     let addr = tokio::net::lookup_host((common.host.as_str(), port))
         .await
         .map_err(|e| format!("{}: {e}", common.host))?
         .next()
         .ok_or_else(|| format!("{}: no address", common.host))?;
-    let version = match common.version {
-        3 => ProtocolVersion::V3_1,
-        4 => ProtocolVersion::V3_1_1,
-        _ => ProtocolVersion::V5,
-    };
+    let version = common.protocol();
     let broadcast =
         args.topics.iter().filter(|t| !["%i", "%c", "%u"].iter().any(|v| t.contains(v))).cloned().collect();
     if args.interval_of_msg > 0 && args.topics.is_empty() {
@@ -645,7 +641,12 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
             }
         }
     }
+    // The clients say DISCONNECT and close; the counts are taken once they are done.
     plan.control.set(STOP);
+    let closing = Instant::now();
+    while plan.live.load(Ordering::Relaxed) > 0 && closing.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut s = conn::base_summary("conn", &common, &stats, connect_secs);
     s.latency_ns = Latency::of(&stats.latency());
     s.broadcast_received = plan.bcast.get(Counter::Recv);
@@ -654,11 +655,6 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
     s.tool_rss_per_conn_bytes = rss / ok;
     s.tool_rss_added_per_conn_bytes = rss.saturating_sub(rss_start) / ok;
     (s.storm_clients, s.storm_back, s.storm_secs) = (storm_clients, storm_back, storm_secs);
-    // The clients say DISCONNECT and close.
-    let closing = Instant::now();
-    while plan.live.load(Ordering::Relaxed) > 0 && closing.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     s.elapsed_secs = start.elapsed().as_secs_f64();
     Ok(s)
 }
