@@ -130,3 +130,43 @@ fn separate_sub_and_conn_modes() {
     assert_eq!(c["connect_fail"], 0, "{c}");
     assert!(c["connect_rate"].as_f64().unwrap() > 0.0, "{c}");
 }
+
+#[test]
+fn lean_conn_clients_subscribe_receive_and_come_back_after_a_storm() {
+    let (_broker, port) = start_broker();
+    let port = port.to_string();
+    // 300 raw-socket clients from two source addresses, each on its own topic and on a shared
+    // one, publishing to their own topic every 100 ms; a storm half a second after the ramp, then
+    // a broadcast from another process.
+    let mut conn = Command::new(BRAID)
+        .args(["bench", "conn", "-p", &port, "-c", "300", "-i", "0", "-V", "4"])
+        .args(["-t", "lean/%i", "-t", "lean/all", "-I", "100", "--ifaddr", "127.0.0.1,127.0.0.2"])
+        .args(["--storm-after", "0.5", "--duration", "60", "--json", "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("braid bench conn starts");
+    let mut progress = BufReader::new(conn.stderr.take().unwrap()).lines();
+    let back = progress.find(|l| l.as_ref().is_ok_and(|l| l.contains(" back in "))).unwrap().unwrap();
+    assert!(back.starts_with("storm: 300 of 300 back"), "{back}");
+    std::thread::spawn(move || progress.for_each(drop));
+    bench(&["pub", "-p", &port, "-c", "1", "-L", "1", "-t", "lean/all", "-s", "18", "--json", "--quiet"]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(Command::new("kill").args(["-INT", &conn.id().to_string()]).status().unwrap().success());
+    let out = conn.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let s: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((s["connect_succ"].as_u64(), s["connect_fail"].as_u64()), (Some(300), Some(0)), "{s}");
+    assert_eq!(s["sub"], 300, "{s}");
+    assert_eq!(s["broadcast_received"], 300, "{s}");
+    assert_eq!(s["broadcast_latency_ns"]["count"], 300, "{s}");
+    assert_eq!((s["storm_clients"].as_u64(), s["storm_back"].as_u64()), (Some(300), Some(300)), "{s}");
+    assert_eq!(s["disconnected"], 0, "{s}");
+    // Own-topic messages come back to their publisher, with a latency; the broadcast apart.
+    let own = s["received"].as_u64().unwrap() - 300;
+    assert!(own >= 300, "{s}");
+    assert!(own <= s["published"].as_u64().unwrap(), "{s}");
+    assert_eq!(s["latency_ns"]["count"].as_u64(), Some(own), "{s}");
+    assert!(s["tool_rss_per_conn_bytes"].as_u64().unwrap() > 0, "{s}");
+}

@@ -90,11 +90,46 @@ pub(crate) struct CommonArgs {
     pub threads: usize,
 }
 
-/// `braid bench conn`
+impl CommonArgs {
+    /// The protocol `-V` names.
+    pub(crate) fn protocol(&self) -> braid_proto::ProtocolVersion {
+        match self.version {
+            3 => braid_proto::ProtocolVersion::V3_1,
+            4 => braid_proto::ProtocolVersion::V3_1_1,
+            _ => braid_proto::ProtocolVersion::V5,
+        }
+    }
+}
+
+/// `braid bench conn`. Over plain TCP each client is a small task on a raw socket (about 1 KB
+/// of this process's memory); TLS, WebSocket, QUIC and --full-client go through braid-client
+/// (about 26 KB each) and support none of -t, -I, --ifaddr and --storm-after.
 #[derive(Args, Debug)]
 pub(crate) struct ConnArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    /// Topic filter each client subscribes to at QoS 0 (repeatable; %i client sequence, %c
+    /// client id, %u username). Messages on filters without a variable count as broadcast.
+    #[arg(short = 't', long = "topic")]
+    pub topics: Vec<String>,
+    /// Milliseconds between two stamped QoS 0 publishes of each client to its first -t topic
+    /// (0: none).
+    #[arg(short = 'I', long = "interval_of_msg", alias = "interval-of-msg", default_value_t = 0)]
+    pub interval_of_msg: u64,
+    /// Payload size of those publishes (>= 18 B carries a ns timestamp).
+    #[arg(short = 's', long = "size", default_value_t = 18)]
+    pub size: usize,
+    /// Local addresses to connect from, client N from the (N mod count)-th (e.g.
+    /// 127.0.0.1,127.0.0.2): each one has its own ephemeral ports.
+    #[arg(long, value_delimiter = ',')]
+    pub ifaddr: Vec<std::net::IpAddr>,
+    /// Reconnect storm this many seconds after every client connected: all drop their
+    /// connection at once and reconnect (SIGUSR1 starts one at any time as well).
+    #[arg(long)]
+    pub storm_after: Option<f64>,
+    /// Use braid-client for every connection, as over TLS, WebSocket and QUIC.
+    #[arg(long)]
+    pub full_client: bool,
 }
 
 /// `braid bench sub`

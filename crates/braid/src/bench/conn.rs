@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use braid_client::{Client, ClientOptions, ProtocolVersion, ReasonCode};
+use braid_client::{Client, ClientOptions, ReasonCode};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -40,11 +40,7 @@ pub(crate) fn options(
     let mut o =
         ClientOptions::new(common.host.clone(), common.port.unwrap_or(common.transport.default_port()));
     o.transport = common.transport.transport();
-    o.version = match common.version {
-        3 => ProtocolVersion::V3_1,
-        4 => ProtocolVersion::V3_1_1,
-        _ => ProtocolVersion::V5,
-    };
+    o.version = common.protocol();
     o.client_id = client_id;
     o.clean_start = common.clean;
     o.keep_alive = common.keepalive;

@@ -1,9 +1,11 @@
 //! `braid bench conn|sub|pub`: the load generator, flag-compatible with emqtt_bench where that
-//! makes sense. Every client goes through `braid-client`, so the tool measures any broker (and,
-//! later, any transport) the same way. See `bench/README.md`.
+//! makes sense. Clients go through `braid-client`, so the tool measures any broker over any
+//! transport the same way, except `conn` over plain TCP, whose clients are lean raw sockets
+//! ([`lean`]) so that one process holds as many as it has file descriptors. See `bench/README.md`.
 
 pub(crate) mod args;
 pub(crate) mod conn;
+pub(crate) mod lean;
 pub(crate) mod payload;
 pub(crate) mod r#pub;
 pub(crate) mod report;
@@ -32,7 +34,22 @@ pub(crate) fn run(args: BenchArgs) -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match *args.command {
-            BenchCommand::Conn(a) => Ok(conn::run(a).await),
+            BenchCommand::Conn(a)
+                if a.full_client
+                    || !matches!(a.common.transport.transport(), braid_client::Transport::Tcp) =>
+            {
+                if !a.topics.is_empty()
+                    || a.interval_of_msg > 0
+                    || !a.ifaddr.is_empty()
+                    || a.storm_after.is_some()
+                {
+                    return Err(
+                        "-t, -I, --ifaddr and --storm-after need plain TCP without --full-client".into()
+                    );
+                }
+                Ok(conn::run(a).await)
+            }
+            BenchCommand::Conn(a) => lean::run(a).await,
             BenchCommand::Sub(a) => sub::run(a).await,
             BenchCommand::Pub(a) => r#pub::run(a).await,
         }

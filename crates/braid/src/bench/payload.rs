@@ -145,6 +145,29 @@ pub(crate) fn parse_json_timestamp(payload: &[u8]) -> Option<u64> {
     })
 }
 
+/// Appends a payload of `filler.len()` bytes to `buf`: the stamp of message `seq` of `publisher`
+/// sent at `now_ns` (when the size allows one), then the rest of `filler`.
+pub(crate) fn write_stamped(buf: &mut BytesMut, filler: &[u8], publisher: u32, seq: u64, now_ns: u64) {
+    let size = filler.len();
+    if size >= LONG_LEN {
+        buf.put_u8(MAGIC);
+        buf.put_u8(LONG);
+        buf.put_u32(publisher);
+        buf.put_u32(seq as u32);
+        buf.put_u64(now_ns);
+        buf.extend_from_slice(&filler[LONG_LEN..]);
+    } else if size >= SHORT_LEN {
+        buf.put_u8(MAGIC);
+        buf.put_u8(SHORT);
+        buf.put_u16(publisher as u16);
+        buf.put_u16(seq as u16);
+        buf.put_u32((now_ns / 1_000) as u32);
+        buf.extend_from_slice(&filler[SHORT_LEN..]);
+    } else {
+        buf.extend_from_slice(filler);
+    }
+}
+
 /// Builds the payloads of one publisher: `size` bytes, stamped when `size` allows, carved out of
 /// a shared buffer so that sending costs no allocation per message (one per 64 KiB of payload).
 pub(crate) struct PayloadBuilder {
@@ -171,23 +194,7 @@ impl PayloadBuilder {
         }
         let seq = self.seq;
         self.seq += 1;
-        if size >= LONG_LEN {
-            self.buf.put_u8(MAGIC);
-            self.buf.put_u8(LONG);
-            self.buf.put_u32(self.publisher);
-            self.buf.put_u32(seq as u32);
-            self.buf.put_u64(now_ns);
-            self.buf.extend_from_slice(&self.filler[LONG_LEN..]);
-        } else if size >= SHORT_LEN {
-            self.buf.put_u8(MAGIC);
-            self.buf.put_u8(SHORT);
-            self.buf.put_u16(self.publisher as u16);
-            self.buf.put_u16(seq as u16);
-            self.buf.put_u32((now_ns / 1_000) as u32);
-            self.buf.extend_from_slice(&self.filler[SHORT_LEN..]);
-        } else {
-            self.buf.extend_from_slice(&self.filler);
-        }
+        write_stamped(&mut self.buf, &self.filler, self.publisher, seq, now_ns);
         self.buf.split().freeze()
     }
 

@@ -191,6 +191,23 @@ pub(crate) struct Summary {
     pub latency_ns: Latency,
     /// Connections lost during the run.
     pub disconnected: u64,
+    /// conn: messages received on broadcast filters (-t without a variable).
+    pub broadcast_received: u64,
+    /// conn: their latency, publisher stamp to receive (ns); `max` is the time until the last
+    /// client had one broadcast message.
+    pub broadcast_latency_ns: Latency,
+    /// conn: this process's resident memory once every client connected (bytes).
+    pub tool_rss_bytes: u64,
+    /// conn: `tool_rss_bytes` per connected client.
+    pub tool_rss_per_conn_bytes: u64,
+    /// conn: growth of resident memory from before the first connect, per connected client.
+    pub tool_rss_added_per_conn_bytes: u64,
+    /// conn: clients connected when the last reconnect storm started.
+    pub storm_clients: u64,
+    /// conn: of those, the clients back (connected and subscribed again).
+    pub storm_back: u64,
+    /// conn: seconds from the drop to the last client back.
+    pub storm_secs: f64,
     /// Wall-clock seconds of the whole run.
     pub elapsed_secs: f64,
 }
@@ -277,6 +294,46 @@ impl Summary {
                     l.count
                 );
             }
+        }
+        let b = &self.broadcast_latency_ns;
+        if self.broadcast_received > 0 {
+            let _ = writeln!(
+                s,
+                "broadcast: {} received, latency p50 {} p99 {} max {} ({} samples)",
+                self.broadcast_received,
+                us(b.p50),
+                us(b.p99),
+                us(b.max),
+                b.count
+            );
+        }
+        if self.mode == "conn" && self.subscribers == 0 && self.latency_ns.count > 0 {
+            let l = &self.latency_ns;
+            let _ = writeln!(
+                s,
+                "own topic: {} received, latency p50 {} p99 {} max {} ({} samples)",
+                self.received - self.broadcast_received,
+                us(l.p50),
+                us(l.p99),
+                us(l.max),
+                l.count
+            );
+        }
+        if self.storm_clients > 0 {
+            let _ = writeln!(
+                s,
+                "reconnect storm: {} of {} clients back in {:.2}s",
+                self.storm_back, self.storm_clients, self.storm_secs
+            );
+        }
+        if self.tool_rss_bytes > 0 {
+            let _ = writeln!(
+                s,
+                "tool memory: RSS {:.1} MiB once connected, {} B per connection ({} B above the start)",
+                self.tool_rss_bytes as f64 / 1048576.0,
+                self.tool_rss_per_conn_bytes,
+                self.tool_rss_added_per_conn_bytes
+            );
         }
         if self.disconnected > 0 {
             let _ = writeln!(s, "connections lost during the run: {}", self.disconnected);

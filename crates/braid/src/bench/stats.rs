@@ -130,6 +130,12 @@ impl Stats {
         all
     }
 
+    /// Records one latency sample (ns) straight into shard `shard` (for clients too many, and
+    /// receiving too little, to carry a [`LatencyBatch`] each).
+    pub(crate) fn record_latency(&self, shard: usize, ns: u64) {
+        self.flush_latency(shard, &[ns]);
+    }
+
     fn flush_latency(&self, shard: usize, samples: &[u64]) {
         let mut h = self.latency[shard % SHARDS].lock().unwrap_or_else(|e| e.into_inner());
         for &ns in samples {
