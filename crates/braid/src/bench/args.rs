@@ -212,15 +212,7 @@ pub(crate) struct PubArgs {
 pub(crate) fn default_sub_filter(topic: &str) -> String {
     topic
         .split('/')
-        .map(
-            |level| {
-                if level.contains("%i") || level.contains("%c") || level.contains("%u") {
-                    "+"
-                } else {
-                    level
-                }
-            },
-        )
+        .map(|level| if super::spec::has_client_variable(level) { "+" } else { level })
         .collect::<Vec<_>>()
         .join("/")
 }

@@ -30,7 +30,7 @@ use super::args::{CommonArgs, ConnArgs};
 use super::conn::{self, Stop};
 use super::payload::{self, Clock};
 use super::report::{Latency, Summary, Ticker};
-use super::spec::{render_topic, Vars};
+use super::spec::{has_client_variable, render_topic, Vars};
 use super::stats::{Counter, Stats};
 
 /// Bytes of the per-thread scratch read buffer.
@@ -502,12 +502,7 @@ async fn client(plan: Arc<Plan>, seq: u64) {
 
 /// VmRSS of this process in bytes (0 where /proc is missing).
 fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    braid_broker::limits::resident_memory().unwrap_or(0)
 }
 
 /// Polls `done` every 20 ms until it holds or the run stops.
@@ -536,8 +531,7 @@ pub(crate) async fn run(args: ConnArgs) -> Result<Summary, String> {
         .next()
         .ok_or_else(|| format!("{}: no address", common.host))?;
     let version = common.protocol();
-    let broadcast =
-        args.topics.iter().filter(|t| !["%i", "%c", "%u"].iter().any(|v| t.contains(v))).cloned().collect();
+    let broadcast = args.topics.iter().filter(|t| !has_client_variable(t)).cloned().collect();
     if args.interval_of_msg > 0 && args.topics.is_empty() {
         return Err("-I needs a -t topic to publish to".into());
     }

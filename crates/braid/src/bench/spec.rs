@@ -241,6 +241,11 @@ pub(crate) struct Vars<'a> {
     pub username: &'a str,
 }
 
+/// True if `template` holds `%i`, `%c` or `%u`: it renders differently for each client.
+pub(crate) fn has_client_variable(template: &str) -> bool {
+    ["%i", "%c", "%u"].iter().any(|v| template.contains(v))
+}
+
 /// Substitutes `%i`, `%c` and `%u` (topic names, `-t`). `%%` is a literal `%`.
 pub(crate) fn render_topic(template: &str, vars: Vars<'_>) -> String {
     render(template, vars, false)
