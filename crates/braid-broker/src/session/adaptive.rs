@@ -34,11 +34,16 @@ const MIN_BACKLOG: usize = 16;
 /// Judged once per round trip by the fastest acknowledgement of the round, as CoDel judges a
 /// queue by its lowest sojourn time: a client that reads in bursts delays some
 /// acknowledgements whatever the window, but only a queue the window itself builds delays
-/// every one of them.
+/// every one of them. And only a queue the window builds gets shorter when the window is cut:
+/// a round that is as slow after a cut as the one that caused it makes its delay the new
+/// normal instead of cutting again. A machine whose CPU is saturated (fan-out to many
+/// subscribers) delays every acknowledgement whatever the window, and there a smaller window
+/// only means more, smaller writes for the same messages.
 #[derive(Debug, Clone)]
 pub struct AdaptiveWindow {
     size: u32,
-    /// Lowest acknowledgement delay seen since `base_at`, µs (`u32::MAX`: none yet).
+    /// Lowest acknowledgement delay seen since `base_at`, or the delay a cut did not lower, µs
+    /// (`u32::MAX`: none yet).
     base: u32,
     base_at: u32,
     /// Deliveries sent from this time on end the current round.
@@ -47,6 +52,9 @@ pub struct AdaptiveWindow {
     round_min: u32,
     /// Growing by one per fast acknowledgement (until the first round that queued).
     slow_start: bool,
+    /// The delay that made the last round cut the window, µs (`u32::MAX`: the last round did
+    /// not cut).
+    cut_for: u32,
 }
 
 impl AdaptiveWindow {
@@ -58,6 +66,7 @@ impl AdaptiveWindow {
         round_start: 0,
         round_min: u32::MAX,
         slow_start: true,
+        cut_for: u32::MAX,
     };
 }
 
@@ -97,11 +106,24 @@ impl AdaptiveWindow {
         }
         if sent.wrapping_sub(self.round_start) as i32 >= 0 {
             // Sent after the round began: the round is over.
-            if self.round_min > target {
-                self.size = (self.size - self.size / 4).max(MIN);
+            if self.round_min > target && self.round_min >= self.cut_for - self.cut_for / 8 {
+                // The last cut hardly lowered the delay (by less than half its own share): the
+                // queue is not this window's (the client, or the whole machine, got slower).
+                // Judge against this delay now.
+                self.base = self.round_min;
+                self.base_at = now;
+                self.cut_for = u32::MAX;
+            } else if self.round_min > target {
+                let cut = (self.size - self.size / 4).max(MIN);
+                // A cut to the minimum is not a quarter, and below it there is nothing to judge.
+                self.cut_for = if cut > MIN { self.round_min } else { u32::MAX };
+                self.size = cut;
                 self.slow_start = false;
-            } else if full && !self.slow_start {
-                self.size += (self.size / 16).max(1);
+            } else {
+                self.cut_for = u32::MAX;
+                if full && !self.slow_start {
+                    self.size += (self.size / 16).max(1);
+                }
             }
             self.round_start = now;
             self.round_min = u32::MAX;
@@ -138,17 +160,30 @@ mod tests {
     }
 
     #[test]
-    fn a_round_of_slow_acknowledgements_cuts_once_then_growth_is_gradual() {
+    fn a_queue_the_window_builds_is_cut_round_by_round_then_growth_is_gradual() {
         let (mut w, mut now) = grown();
-        // 5 ms instead of 50 µs: a round now lasts 5 ms (500 acknowledgements here).
+        // The client takes 50 µs per message: the acknowledgements wait behind the window.
         acks(&mut w, &mut now, 400, 5_000);
         assert_eq!(w.size(), 100, "the round is not over yet");
         acks(&mut w, &mut now, 200, 5_000);
         assert_eq!(w.size(), 75, "one cut for the round");
-        acks(&mut w, &mut now, 500, 5_000);
-        assert_eq!(w.size(), 57, "and one for the next");
+        acks(&mut w, &mut now, 500, 75 * 50);
+        assert_eq!(w.size(), 57, "the cut lowered the delay, but not enough: one more");
         acks(&mut w, &mut now, 5, 50);
         assert_eq!(w.size(), 60, "fast again: a sixteenth more per round");
+    }
+
+    #[test]
+    fn a_delay_the_cut_did_not_lower_is_the_new_normal() {
+        // Every acknowledgement now takes 5 ms whatever the window (a saturated machine).
+        let (mut w, mut now) = grown();
+        acks(&mut w, &mut now, 600, 5_000);
+        assert_eq!(w.size(), 75, "one cut for the round");
+        acks(&mut w, &mut now, 5_000, 5_000);
+        let grown_again = w.size();
+        assert!(grown_again > 75, "no second cut; it grows again from 5 ms ({grown_again})");
+        acks(&mut w, &mut now, 3_000, 12_000);
+        assert!(w.size() < grown_again, "a queue beyond the new normal is still cut ({})", w.size());
     }
 
     #[test]
@@ -166,7 +201,11 @@ mod tests {
     #[test]
     fn never_below_the_minimum() {
         let (mut w, mut now) = grown();
-        acks(&mut w, &mut now, 50_000, 9_000);
+        // A queue of the window's own making: 200 µs per message in flight.
+        for _ in 0..50_000 {
+            let delay = w.size() as u32 * 200;
+            acks(&mut w, &mut now, 1, delay);
+        }
         assert_eq!(w.size(), MIN as usize);
         assert_eq!(w.backlog_limit(), MIN_BACKLOG);
     }
