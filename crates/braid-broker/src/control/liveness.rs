@@ -74,7 +74,6 @@ impl Slot {
 }
 
 /// A fixed-size run of slots, with the connection each live slot belongs to.
-#[derive(Debug)]
 struct Chunk<T> {
     slots: Box<[Slot]>,
     /// Reached only when the sweep must act on a slot (and by a slot's setup and release).
@@ -85,12 +84,10 @@ struct Chunk<T> {
     table: Weak<Shared<T>>,
 }
 
-#[derive(Debug)]
 struct Shared<T> {
     inner: Mutex<Inner<T>>,
 }
 
-#[derive(Debug)]
 struct Inner<T> {
     chunks: Vec<Arc<Chunk<T>>>,
     /// Numbers of released slots, reused before new ones.
@@ -101,9 +98,17 @@ struct Inner<T> {
 
 /// The table of every connection's liveness slot; `T` is what a slot leads to (the
 /// connection's control block).
-#[derive(Debug)]
 pub struct LivenessTable<T> {
     shared: Arc<Shared<T>>,
+}
+
+impl<T> std::fmt::Debug for LivenessTable<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LivenessTable")
+            .field("in_use", &self.len())
+            .field("capacity", &self.capacity())
+            .finish()
+    }
 }
 
 impl<T> Default for LivenessTable<T> {
@@ -124,7 +129,7 @@ impl<T> LivenessTable<T> {
                 None => {
                     let number = inner.used;
                     inner.used += 1;
-                    if number % CHUNK == 0 {
+                    if number == inner.chunks.len() * CHUNK {
                         let chunk = Chunk {
                             slots: (0..CHUNK).map(|_| Slot::default()).collect(),
                             conns: Mutex::new((0..CHUNK).map(|_| Weak::new()).collect()),
@@ -173,24 +178,30 @@ impl<T> LivenessTable<T> {
     }
 
     /// Slots in use.
-    #[cfg(test)]
     fn len(&self) -> usize {
         let inner = self.shared.inner.lock();
         inner.used - inner.free.len()
     }
 
     /// Slots allocated (in use or free).
-    #[cfg(test)]
     fn capacity(&self) -> usize {
         self.shared.inner.lock().chunks.len() * CHUNK
     }
 }
 
 /// A connection's slot in the table, released when dropped.
-#[derive(Debug)]
 pub(super) struct Entry<T> {
     chunk: Arc<Chunk<T>>,
     index: usize,
+}
+
+impl<T> std::fmt::Debug for Entry<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("number", &(self.chunk.first + self.index))
+            .field("slot", self.slot())
+            .finish()
+    }
 }
 
 impl<T> Entry<T> {
