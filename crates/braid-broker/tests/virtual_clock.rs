@@ -327,6 +327,21 @@ fn pings_keep_a_client_alive() {
 }
 
 #[test]
+fn a_connection_that_comes_after_one_that_ended_has_a_keep_alive_clock_of_its_own() {
+    // The second connection takes the liveness slot the first one left.
+    let b = broker();
+    let mut h = Harness::new(&b);
+    let first = connected(&mut h, with_keep_alive("short", 1, V5));
+    h.advance(SEC);
+    h.drop_connection(first);
+    let second = connected(&mut h, with_keep_alive("long", 10, V5));
+    h.advance(2 * SEC + SWEEP);
+    assert_eq!(h.closed(second), None, "1.5 x its own keep alive, not the first one's, nor from then");
+    h.advance(13 * SEC);
+    assert_eq!(h.closed(second), Some(ReasonCode::KeepAliveTimeout));
+}
+
+#[test]
 fn server_keep_alive_is_sent_when_the_client_asks_for_none_or_too_much_and_is_enforced() {
     let mut config = Config::embedded();
     config.mqtt.max_keep_alive = 5;

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use braid_proto::{ByteString, LastWill, Publish};
 
 use super::timers::Timer;
-use super::{split_filter, Broker, ById, Ending, SWEEP_INTERVAL};
+use super::{split_filter, Broker, Ending, SWEEP_INTERVAL};
+use crate::control::Due;
 use crate::message::Message;
 use crate::session::{Release, Session};
 use crate::store::Op;
@@ -173,19 +174,17 @@ impl Broker {
     }
 
     /// Closes every connection that has been silent at `now` for 1.5 times its keep alive, and
-    /// asks those idle for `listeners.park_after_secs` to park. One sweep over the sessions
-    /// every [`SWEEP_INTERVAL`] replaces a timer per connection.
+    /// asks those idle for `listeners.park_after_secs` to park. One sweep every
+    /// [`SWEEP_INTERVAL`] replaces a timer per connection: a scan of the liveness table (see
+    /// [`crate::control::LivenessTable`]), which reaches only the connections it acts on and
+    /// takes no session's lock.
     fn sweep_connections(&self, now: Instant) {
         let now = self.clock_ms(now);
         let park_after = self.config.listeners.park_after_secs.saturating_mul(1000);
-        for ById(s) in self.sessions.lock().iter() {
-            if let Some(link) = &s.lock().link {
-                link.ctl.expire_if_silent(now);
-                if park_after > 0 {
-                    link.ctl.request_park_if_idle(now, park_after);
-                }
-            }
-        }
+        self.liveness.sweep(now, park_after, |ctl, due| match due {
+            Due::KeepAlive => ctl.expire_if_silent(now),
+            Due::Idle => ctl.request_park_if_idle(now, park_after),
+        });
     }
 
     /// Removes retained messages expired at `now` (from the store too).

@@ -37,7 +37,7 @@ use braid_proto::ConnAck;
 
 use crate::auth::Security;
 use crate::config::Config;
-use crate::control::ConnControl;
+use crate::control::{ConnControl, LivenessTable};
 use crate::directory::Directory;
 use crate::limits::MemoryAlarm;
 use crate::metrics::Metrics;
@@ -72,6 +72,8 @@ pub struct Broker {
     /// Raised while memory is above `limits.memory_high_watermark`.
     pub memory: MemoryAlarm,
     sessions: Mutex<HashSet<ById>>,
+    /// Every connection's keep-alive and idleness clocks, which the connection sweep scans.
+    liveness: LivenessTable<ConnControl>,
     router: RwLock<Router>,
     retained: RwLock<Retained>,
     /// The next session id, remote subscriber id and forward number (see
@@ -219,6 +221,7 @@ impl Broker {
             started_unix: store::unix_now(),
             shutdown: CancellationToken::new(),
             sessions: Mutex::new(HashSet::new()),
+            liveness: LivenessTable::default(),
             router: RwLock::new(router),
             retained: RwLock::new(Retained::default()),
             next_session_id: AtomicU64::new(1),

@@ -118,7 +118,7 @@ impl Broker {
             self.take_over(&old, discard, now);
         }
 
-        let ctl = Arc::new(ConnControl::new(keep_alive, self.clock_ms(now)));
+        let ctl = ConnControl::new(&self.liveness, keep_alive, self.clock_ms(now));
         let window = if v5 { c.properties.receive_maximum.unwrap_or(u16::MAX) } else { u16::MAX };
         let alias_max = match (v5, cfg.mqtt.server_topic_aliases) {
             (true, true) => c.properties.topic_alias_maximum.unwrap_or(0),

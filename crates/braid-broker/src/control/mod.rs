@@ -3,7 +3,9 @@
 //!
 //! - [`signal`]: the task's wake-up (deliveries ready, a close, a park or handover request);
 //! - the close request: the first reason given wins;
-//! - [`activity`]: the clocks the broker's sweep reads (keep alive, idleness);
+//! - [`liveness`]: the clocks and flags the broker's sweep reads (keep alive, idleness,
+//!   parking, closing), in a slot of the broker's [`LivenessTable`] rather than here, so that
+//!   the sweep scans them without reaching each connection;
 //! - [`parking`]: the parking state of an idle connection (see [`crate::transport::tcp::park`]);
 //! - [`handover`]: a takeover's request to read what already arrived first (see
 //!   [`crate::connection::handover`]).
@@ -11,23 +13,23 @@
 //! One small struct, so an idle connection waits on a single notification, or on nothing at
 //! all once parked.
 
-mod activity;
 mod handover;
+mod liveness;
 mod parking;
 mod signal;
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use once_cell::race::OnceBox;
 
 use braid_proto::ReasonCode;
 
+pub use liveness::{Due, LivenessTable};
 pub use parking::Unpark;
 
-use activity::Activity;
 use handover::Handover;
+use liveness::{Entry, CAN_PARK, CLOSED, HELD, PARKED, PARK_REQUESTED};
 use parking::Parking;
 use signal::Signal;
 
@@ -40,25 +42,24 @@ pub type CloseReason = (ReasonCode, Cow<'static, str>);
 #[derive(Debug)]
 pub struct ConnControl {
     signal: Signal,
-    closed: AtomicBool,
     reason: OnceBox<CloseReason>,
-    activity: Activity,
+    live: Entry<ConnControl>,
     parking: Parking,
     handover: Handover,
 }
 
 impl ConnControl {
     /// A control for a connection with keep alive `keep_alive_secs` (0 = none), active at
-    /// `now_ms` (the broker's clock).
-    pub fn new(keep_alive_secs: u16, now_ms: u64) -> ConnControl {
-        ConnControl {
+    /// `now_ms` (the broker's clock), watched through a slot of `table` (released when the
+    /// control is dropped).
+    pub fn new(table: &LivenessTable<ConnControl>, keep_alive_secs: u16, now_ms: u64) -> Arc<ConnControl> {
+        Arc::new_cyclic(|this| ConnControl {
             signal: Signal::default(),
-            closed: AtomicBool::new(false),
             reason: OnceBox::new(),
-            activity: Activity::new(keep_alive_secs, now_ms),
+            live: table.insert(this.clone(), keep_alive_secs, now_ms),
             parking: Parking::default(),
             handover: Handover::default(),
-        }
+        })
     }
 
     /// Wakes the connection: deliveries are ready (a wake before it waits is not lost). A
@@ -66,7 +67,7 @@ impl ConnControl {
     pub fn wake(&self) {
         self.parking.woken();
         self.signal.notify();
-        self.parking.unpark();
+        self.unpark();
     }
 
     /// Waits for [`ConnControl::wake`] or a close.
@@ -90,13 +91,13 @@ impl ConnControl {
     /// Asks the connection to close with `reason`, explained by `detail`.
     pub fn close_because(&self, reason: ReasonCode, detail: impl Into<Cow<'static, str>>) {
         let _ = self.reason.set(Box::new((reason, detail.into())));
-        self.closed.store(true, Ordering::Release);
+        self.live.set(CLOSED);
         self.wake();
     }
 
     /// True once a close was asked for.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.live.is(CLOSED)
     }
 
     /// Why the connection closes (server shutdown when no one said).
@@ -116,26 +117,28 @@ impl ConnControl {
 
     /// Bytes arrived at `now_ms`.
     pub fn touch(&self, now_ms: u64) {
-        self.activity.read(now_ms);
+        self.live.read(now_ms);
     }
 
     /// Bytes were written at `now_ms`.
     pub fn wrote(&self, now_ms: u64) {
-        self.activity.wrote(now_ms);
+        self.live.wrote(now_ms);
     }
 
     /// Marks the connection as held by backpressure (or no longer, at `now_ms`).
     pub fn set_held(&self, held: bool, now_ms: u64) {
-        self.activity.set_held(held);
-        self.activity.read(now_ms);
+        if held {
+            self.live.set(HELD);
+        } else {
+            self.live.clear(HELD);
+        }
+        self.live.read(now_ms);
     }
 
-    /// Closes the connection (0x8D) if nothing arrived for 1.5 times its keep alive.
+    /// Closes the connection (0x8D) if nothing arrived for 1.5 times its keep alive (and it is
+    /// not held by backpressure or closing already).
     pub fn expire_if_silent(&self, now_ms: u64) {
-        if self.is_closed() {
-            return;
-        }
-        if let Some(detail) = self.activity.keep_alive_expired(now_ms) {
+        if let Some(detail) = self.live.keep_alive_expired(now_ms) {
             self.close_because(ReasonCode::KeepAliveTimeout, detail);
         }
     }
@@ -145,48 +148,51 @@ impl ConnControl {
     /// Lets this connection park in `lot` when idle.
     pub fn allow_parking(&self, lot: Arc<dyn Unpark>) {
         self.parking.allow(lot);
+        self.live.set(CAN_PARK);
     }
 
     /// Asks an idle connection's task to park: it has been silent both ways for `after_ms`
     /// (and is not held, closing or parked already).
     pub fn request_park_if_idle(&self, now_ms: u64, after_ms: u64) {
-        if !self.parking.can_park()
-            || self.activity.is_held()
-            || self.is_closed()
-            || !self.activity.idle_for(now_ms, after_ms)
-        {
-            return;
-        }
-        if self.parking.request() {
+        if self.live.idle_for(now_ms, after_ms) && self.live.set(PARK_REQUESTED) {
             self.signal.notify();
         }
     }
 
     /// True (once) if the sweeper asked this connection to park.
     pub fn take_park_request(&self) -> bool {
-        self.parking.take_request()
+        self.live.clear(PARK_REQUESTED)
     }
 
     /// Records that the connection is parked under `key`.
     pub fn set_parked(&self, key: usize) {
+        // Flagged before the key is set, so an unpark (which needs the key) clears it after.
+        self.live.set(PARKED);
         self.parking.set(key);
     }
 
     /// Takes back a park that failed; false if a waker already claimed it.
     pub fn clear_parked(&self, key: usize) -> bool {
-        self.parking.clear(key)
+        let cleared = self.parking.clear(key);
+        if cleared {
+            self.live.clear(PARKED);
+        }
+        cleared
     }
 
     /// Unparks the connection if a wake came since the task last looked for work.
     pub fn unpark_if_woken(&self) {
         if self.parking.was_woken() {
-            self.parking.unpark();
+            self.unpark();
         }
     }
 
     /// Gives a parked connection its task back (once, whoever calls).
     pub fn unpark(&self) {
-        self.parking.unpark();
+        if let Some(key) = self.parking.take() {
+            self.live.clear(PARKED);
+            self.parking.resume(key);
+        }
     }
 
     // ---- handover ----
@@ -223,7 +229,7 @@ mod tests {
 
     #[test]
     fn keep_alive_closes_with_0x8d_once_and_the_first_reason_wins() {
-        let ctl = ConnControl::new(1, 5 << 32);
+        let ctl = ConnControl::new(&LivenessTable::default(), 1, 5 << 32);
         ctl.expire_if_silent((5 << 32) + 1499);
         assert!(!ctl.is_closed());
         ctl.expire_if_silent((5 << 32) + 1500);

@@ -1,6 +1,7 @@
-//! The parking state of an idle connection (see [`crate::transport::tcp::park`]): whether the sweep asked it to
-//! park, its key in the parking lot while parked, and the hook that gives it a task back. The
-//! lot installs the hook, so this low layer does not know the lot.
+//! The parking state of an idle connection (see [`crate::transport::tcp::park`]): whether a
+//! wake came, its key in the parking lot while parked, and the hook that gives it a task back.
+//! The lot installs the hook, so this low layer does not know the lot. (Whether the sweep asked
+//! it to park, and whether it is parked, are flags of its liveness slot, which the sweep reads.)
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -19,8 +20,6 @@ pub trait Unpark: Send + Sync + std::fmt::Debug {
 pub(super) struct Parking {
     /// Set by every wake; cleared by the task when it looks for work.
     woken: AtomicBool,
-    /// The sweeper asked the task to park if it is idle.
-    requested: AtomicBool,
     /// The parking lot's key while parked, else `NOT_PARKED`.
     key: AtomicUsize,
     /// Where the connection parks; set once its transport can park.
@@ -29,12 +28,7 @@ pub(super) struct Parking {
 
 impl Default for Parking {
     fn default() -> Self {
-        Parking {
-            woken: AtomicBool::new(false),
-            requested: AtomicBool::new(false),
-            key: AtomicUsize::new(NOT_PARKED),
-            lot: OnceLock::new(),
-        }
+        Parking { woken: AtomicBool::new(false), key: AtomicUsize::new(NOT_PARKED), lot: OnceLock::new() }
     }
 }
 
@@ -59,21 +53,6 @@ impl Parking {
         let _ = self.lot.set(lot);
     }
 
-    /// True if the connection may park and is not parked now.
-    pub(super) fn can_park(&self) -> bool {
-        self.lot.get().is_some() && self.key.load(Ordering::Relaxed) == NOT_PARKED
-    }
-
-    /// Asks the task to park; true if this is a new request.
-    pub(super) fn request(&self) -> bool {
-        !self.requested.swap(true, Ordering::Relaxed)
-    }
-
-    /// True (once) if parking was requested.
-    pub(super) fn take_request(&self) -> bool {
-        self.requested.swap(false, Ordering::Relaxed)
-    }
-
     /// Records that the connection is parked under `key`.
     pub(super) fn set(&self, key: usize) {
         self.key.store(key, Ordering::SeqCst);
@@ -84,13 +63,16 @@ impl Parking {
         self.key.compare_exchange(key, NOT_PARKED, Ordering::SeqCst, Ordering::SeqCst).is_ok()
     }
 
-    /// Gives a parked connection its task back (once, whoever calls).
-    pub(super) fn unpark(&self) {
+    /// Takes the park back (once, whoever calls): its key, for [`Parking::resume`].
+    pub(super) fn take(&self) -> Option<usize> {
         let key = self.key.load(Ordering::SeqCst);
-        if key != NOT_PARKED && self.clear(key) {
-            if let Some(lot) = self.lot.get() {
-                lot.unpark(key);
-            }
+        (key != NOT_PARKED && self.clear(key)).then_some(key)
+    }
+
+    /// Gives the connection that was parked under `key` its task back.
+    pub(super) fn resume(&self, key: usize) {
+        if let Some(lot) = self.lot.get() {
+            lot.unpark(key);
         }
     }
 }

@@ -484,7 +484,7 @@ mod tests {
         let picks: Vec<Vec<u64>> = (0..4).map(|_| routed(&r, "t")).collect();
         assert_eq!(picks, [vec![1], vec![2], vec![1], vec![2]]);
         // Only b online: b gets everything.
-        let ctl = Arc::new(crate::control::ConnControl::new(0, 0));
+        let ctl = crate::control::ConnControl::new(&Default::default(), 0, 0);
         let l = crate::session::Link::new(braid_proto::ProtocolVersion::V5, 10, u32::MAX, 0, ctl);
         b.lock().attach(l);
         assert!((0..4).all(|_| routed(&r, "t") == [2]));
@@ -503,7 +503,7 @@ mod tests {
         // All offline: another member's queue takes it, never the one that went.
         assert!((0..6).all(|_| matches!(instead(&r), Some(2 | 3))));
         // c online: c takes it.
-        let ctl = Arc::new(crate::control::ConnControl::new(0, 0));
+        let ctl = crate::control::ConnControl::new(&Default::default(), 0, 0);
         c.lock().attach(crate::session::Link::new(braid_proto::ProtocolVersion::V5, 10, u32::MAX, 0, ctl));
         assert!((0..4).all(|_| instead(&r) == Some(3)));
         // The only member left: no one instead.

@@ -691,7 +691,7 @@ mod tests {
     }
 
     fn link(version: ProtocolVersion, window: usize, alias_max: u16) -> Link {
-        let ctl = Arc::new(ConnControl::new(0, 0));
+        let ctl = ConnControl::new(&Default::default(), 0, 0);
         Link::new(version, window, u32::MAX, alias_max, ctl)
     }
 
