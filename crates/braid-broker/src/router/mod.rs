@@ -253,7 +253,7 @@ impl Router {
         self.trie.matches(&msg.topic, &mut |slot| {
             let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.to.id() == msg.origin));
             let picks =
-                slot.groups.iter().filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
+                slot.groups().iter().filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
             push_targets(out, &mut merging, subs.map(|e| (e, None)).chain(picks));
         });
         if merging > 1 {
@@ -279,7 +279,7 @@ impl Router {
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
             let subs = slot.subs.iter().filter(|e| scope.plain && e.to.takes_forwarded());
-            let groups = slot.groups.iter().filter(|g| scope.groups.iter().any(|n| **n == *g.name));
+            let groups = slot.groups().iter().filter(|g| scope.groups.iter().any(|n| **n == *g.name));
             // A group with no member here any more (the sender did not know yet) passes the
             // message on to a member elsewhere.
             let picks = groups.filter_map(|g| {
@@ -325,7 +325,7 @@ impl Router {
     }
 
     fn group(&self, filter: &str, group: &str) -> Option<&Group> {
-        self.trie.slot(filter)?.groups.iter().find(|g| &*g.name == group)
+        self.trie.slot(filter)?.groups().iter().find(|g| &*g.name == group)
     }
 }
 

@@ -186,6 +186,12 @@ impl<T: Item> Queue<T> {
         self.items = items.into_iter().chain(rest).collect();
     }
 
+    /// Gives back the room that more items needed before: what a burst of deliveries left
+    /// allocated in a queue that is now idle.
+    pub fn shrink_to_fit(&mut self) {
+        self.items.shrink_to_fit();
+    }
+
     /// Takes every item out.
     pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         self.bytes = 0;

@@ -277,6 +277,12 @@ impl SessionState {
         }
     }
 
+    /// Gives back the memory deliveries left in the queue, for a connection that goes idle
+    /// (parks): a session whose queue is empty again costs what a fresh one does.
+    pub fn release_idle_memory(&mut self) {
+        self.queue.shrink_to_fit();
+    }
+
     /// Takes out the deliveries that came through the shared subscriptions `others` can take
     /// over and that the client may not have: queued ones, and QoS 1 ones sent without a
     /// PUBACK yet. A QoS 2 one sent stays: its client may have it, and is owed it exactly
