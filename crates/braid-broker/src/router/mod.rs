@@ -252,8 +252,10 @@ impl Router {
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
             let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.to.id() == msg.origin));
-            let picks =
-                slot.groups().iter().filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
+            let picks = slot
+                .groups()
+                .iter()
+                .filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
             push_targets(out, &mut merging, subs.map(|e| (e, None)).chain(picks));
         });
         if merging > 1 {

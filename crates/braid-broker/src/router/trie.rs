@@ -125,7 +125,11 @@ impl Node {
 
     /// Drops what is below once nothing is.
     fn prune(&mut self) {
-        if self.below.as_ref().is_some_and(|b| b.children.is_empty() && b.plus.is_none() && b.multi.is_empty()) {
+        if self
+            .below
+            .as_ref()
+            .is_some_and(|b| b.children.is_empty() && b.plus.is_none() && b.multi.is_empty())
+        {
             self.below = None;
         }
     }
