@@ -53,6 +53,20 @@ impl Slot {
         }
     }
 
+    /// The subscriptions in `group` (the normal ones for None).
+    fn members(&self, group: Option<&str>) -> &[SubEntry] {
+        match group {
+            None => &self.subs,
+            Some(name) => self.groups().iter().find(|g| &*g.name == name).map_or(&[], |g| &g.members),
+        }
+    }
+
+    /// How many subscriptions in `group` (the normal ones for None) are of this broker's
+    /// sessions or relays (see [`super::Subscriber::takes_forwarded`]): 0, 1, or 2 for more.
+    pub(super) fn locals(&self, group: Option<&str>) -> usize {
+        self.members(group).iter().filter(|e| e.to.takes_forwarded()).take(2).count()
+    }
+
     fn entry_mut(&mut self, group: Option<&str>, session_id: u64) -> Option<&mut SubEntry> {
         let list = match group {
             None => &mut self.subs,
@@ -216,6 +230,11 @@ impl Trie {
         }
     }
 
+    /// Calls `f` with every slot that holds subscriptions and the filter that ends there.
+    pub(super) fn each_slot<'a>(&'a self, f: &mut impl FnMut(&str, &'a Slot)) {
+        each_slot(&self.root, &mut String::new(), true, f);
+    }
+
     /// Number of subscriptions.
     pub(super) fn len(&self) -> usize {
         self.len
@@ -260,6 +279,35 @@ fn walk<'a>(node: &'a Node, rest: Option<&str>, wild: bool, f: &mut impl FnMut(&
     if let (true, Some(plus)) = (wild, &below.plus) {
         walk(plus, next, true, f);
     }
+}
+
+/// [`Trie::each_slot`] below `node`, whose filter is `path` (`top`: the root, no level yet).
+fn each_slot<'a>(node: &'a Node, path: &mut String, top: bool, f: &mut impl FnMut(&str, &'a Slot)) {
+    if !node.here.is_empty() {
+        f(path, &node.here);
+    }
+    let Some(below) = node.below.as_deref() else { return };
+    let len = path.len();
+    let down = |path: &mut String, level: &str| {
+        path.truncate(len);
+        if !top {
+            path.push('/');
+        }
+        path.push_str(level);
+    };
+    if !below.multi.is_empty() {
+        down(path, "#");
+        f(path, &below.multi);
+    }
+    if let Some(plus) = &below.plus {
+        down(path, "+");
+        each_slot(plus, path, false, f);
+    }
+    for (level, child) in &below.children {
+        down(path, level);
+        each_slot(child, path, false, f);
+    }
+    path.truncate(len);
 }
 
 fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: u64) -> Option<SubEntry> {
