@@ -289,6 +289,18 @@ mod tests {
     }
 
     #[test]
+    fn an_emptied_queue_gives_back_its_room() {
+        let mut q = Queue::new(limits(OverflowPolicy::DropNewest));
+        for _ in 0..3 {
+            q.push(d(QoS::AtLeastOnce, 1), true);
+        }
+        while q.pop().is_some() {}
+        assert!(q.items.capacity() >= 3, "popping keeps the room");
+        q.shrink_to_fit();
+        assert_eq!(q.items.capacity(), 0);
+    }
+
+    #[test]
     fn backpressure_queues_over_the_limit_while_online_and_drops_while_offline() {
         let mut q = Queue::new(limits(OverflowPolicy::Backpressure));
         for _ in 0..4 {
