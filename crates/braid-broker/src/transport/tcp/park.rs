@@ -60,9 +60,7 @@ pub struct ParkingLot {
     registry: Registry,
     stop_waker: Waker,
     stopped: AtomicBool,
-    /// In place, not boxed: parking allocates nothing (a box made as a woken connection parks
-    /// again would land among what its wake-up freed, and keep those pages).
-    parked: Mutex<Slab<Parked>>,
+    parked: Mutex<Slab<Box<Parked>>>,
     runtime: Handle,
     tasks: TaskTracker,
     broker: Weak<Broker>,
@@ -80,7 +78,7 @@ impl Unpark for ParkingLot {
         let (Some(broker), Some(lot)) = (self.broker.upgrade(), self.this.upgrade()) else { return };
         broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
         let _runtime = self.runtime.enter();
-        self.tasks.spawn((self.resume)(broker, lot, parked));
+        self.tasks.spawn((self.resume)(broker, lot, *parked));
     }
 }
 
@@ -144,7 +142,7 @@ impl ParkingLot {
             let entry = slab.vacant_entry();
             let key = entry.key();
             let aliases = (!aliases.is_empty()).then(|| Box::new(aliases));
-            entry.insert(Parked { stream, accepted, version, acl, aliases });
+            entry.insert(Box::new(Parked { stream, accepted, version, acl, aliases }));
             // Marked parked before the socket is watched, so that a readiness event finds it.
             ctl.set_parked(key);
             if let Err(e) = self.registry.register(&mut SourceFd(&fd), Token(key), Interest::READABLE) {
