@@ -51,7 +51,10 @@ impl Broker {
             let to = Subscriber::Session(session.clone());
             let entry = SubEntry { to, options, sub_id, merge_overlaps, overlaps: 0, stream };
             let is_new = self.router.write().subscribe(inner, group, entry);
-            session.lock().subscriptions.insert(filter.clone(), SubscriptionRecord { options, sub_id });
+            // An own copy of the filter: a slice would keep the whole read buffer the
+            // SUBSCRIBE arrived in for as long as the subscription lasts.
+            let key = ByteString::from(&*filter);
+            session.lock().subscriptions.insert(key, SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
                 QoS::AtMostOnce => ReasonCode::Success,
                 QoS::AtLeastOnce => ReasonCode::GrantedQoS1,

@@ -104,10 +104,12 @@ impl Broker {
                 Some(s) if !c.clean_start => (s.clone(), true, Some((s, false))),
                 existing => {
                     let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-                    let s = Arc::new(Session::new(id, client_id.clone(), limits.clone()));
+                    // Moved, not cloned: a clone of a string of its own would make it shared,
+                    // a second allocation for as long as the session lasts.
+                    let s = Arc::new(Session::new(id, std::mem::take(&mut client_id), limits.clone()));
                     if expiry > 0 && self.store.persistent() {
-                        s.lock().persist =
-                            Some(Box::new(Persist::new(self.store.clone(), id, client_id.clone(), 1)));
+                        let p = Persist::new(self.store.clone(), id, s.client_id.clone(), 1);
+                        s.lock().persist = Some(Box::new(p));
                     }
                     sessions.replace(ById(s.clone()));
                     (s, false, existing.map(|old| (old, true)))
@@ -138,7 +140,7 @@ impl Broker {
             let generation = st.attach(link);
             if expiry > 0 && self.store.persistent() && st.persist.is_none() {
                 // An online session resumed by a connection that asks for persistence.
-                let p = Persist::new(self.store.clone(), session.id, client_id.clone(), 1);
+                let p = Persist::new(self.store.clone(), session.id, session.client_id.clone(), 1);
                 st.persist = Some(Box::new(p));
             }
             st.save(self.unix_secs(now));

@@ -499,7 +499,9 @@ impl<'a> Connection<'a> {
             }
             let idle = !held && self.out.is_empty() && !inbound.awaits_sync();
             if idle && !transmit && !handing_over && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
-                // Nothing to read, write or send since the last wake: give up the task.
+                // Nothing to read, write or send since the last wake: give up the task, and
+                // the room the deliveries since took in the session's queue.
+                a.session.lock().release_idle_memory();
                 let (aliases, acl) = inbound.into_kept();
                 return Stop::Park(aliases, acl.into_seed());
             }

@@ -121,8 +121,9 @@ pub struct RemoteRef {
 pub enum Subscriber {
     /// A session of this broker.
     Session(Arc<Session>),
-    /// Something that is not local (see [`RemoteSink`]).
-    Remote(RemoteRef),
+    /// Something that is not local (see [`RemoteSink`]). Boxed: remote subscribers are few,
+    /// and a session's subscription is 8 bytes smaller for it in every subscriber list.
+    Remote(Box<RemoteRef>),
 }
 
 impl Subscriber {
@@ -186,7 +187,7 @@ impl SubEntry {
     /// A subscription of remote subscriber `to` (never merged, on no stream).
     pub fn remote(to: RemoteRef, options: SubscriptionOptions) -> SubEntry {
         SubEntry {
-            to: Subscriber::Remote(to),
+            to: Subscriber::Remote(Box::new(to)),
             options,
             sub_id: None,
             merge_overlaps: false,

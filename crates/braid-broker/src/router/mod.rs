@@ -9,7 +9,6 @@ mod trie;
 pub use entry::{Confirm, Delivered, Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber};
 
 use std::cmp::Reverse;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -100,8 +99,6 @@ pub struct Router {
     trie: Trie,
     strategy: SharedStrategy,
     overlapping: Overlapping,
-    /// Sessions and relays subscribed, by full filter.
-    local: HashMap<Box<str>, usize>,
     watcher: Option<UnboundedSender<(u64, FilterChange)>>,
     /// How many changes were sent to the watcher.
     changes: u64,
@@ -111,23 +108,25 @@ impl Router {
     /// An empty table whose shared groups use `strategy` and whose v5 subscriptions overlap
     /// as `overlapping` says.
     pub fn new(strategy: SharedStrategy, overlapping: Overlapping) -> Router {
-        Router {
-            trie: Trie::default(),
-            strategy,
-            overlapping,
-            local: HashMap::new(),
-            watcher: None,
-            changes: 0,
-        }
+        Router { trie: Trie::default(), strategy, overlapping, watcher: None, changes: 0 }
     }
 
     /// From now on, sends `to` every [`FilterChange`] with its number (see
     /// [`Router::changes`]); first an `Added` for each filter that has local subscriptions now.
     /// A watcher set before is replaced.
     pub fn watch(&mut self, to: UnboundedSender<(u64, FilterChange)>) {
-        for filter in self.local.keys() {
+        let mut filters = Vec::new();
+        self.trie.each_slot(&mut |filter, slot| {
+            let groups = slot.groups().iter().map(|g| Some(&*g.name));
+            for group in std::iter::once(None).chain(groups) {
+                if slot.locals(group) > 0 {
+                    filters.push(full_filter(filter, group));
+                }
+            }
+        });
+        for filter in filters {
             self.changes += 1;
-            let _ = to.send((self.changes, FilterChange::Added(filter.clone())));
+            let _ = to.send((self.changes, FilterChange::Added(filter)));
         }
         self.watcher = Some(to);
     }
@@ -137,34 +136,18 @@ impl Router {
         self.changes
     }
 
-    /// Counts a local subscription to `filter` in `group` in (`up`) or out.
+    /// Tells the watcher, if any, of a local subscription to `filter` in `group` that was
+    /// just added (`up`) or removed, if it was the first or the last one there.
     fn count_local(&mut self, filter: &str, group: Option<&str>, up: bool) {
-        let full: Box<str> = match group {
-            None => filter.into(),
-            Some("$queue") => format!("$queue/{filter}").into(),
-            Some(g) => format!("$share/{g}/{filter}").into(),
+        let Some(to) = &self.watcher else { return };
+        let locals = self.trie.slot(filter).map_or(0, |slot| slot.locals(group));
+        let change = match (up, locals) {
+            (true, 1) => FilterChange::Added(full_filter(filter, group)),
+            (false, 0) => FilterChange::Removed(full_filter(filter, group)),
+            _ => return,
         };
-        let change = if up {
-            let n = self.local.entry(full.clone()).or_default();
-            *n += 1;
-            (*n == 1).then_some(FilterChange::Added(full))
-        } else {
-            match self.local.get_mut(&full) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    None
-                }
-                Some(_) => {
-                    self.local.remove(&full);
-                    Some(FilterChange::Removed(full))
-                }
-                None => None,
-            }
-        };
-        if let (Some(change), Some(to)) = (change, &self.watcher) {
-            self.changes += 1;
-            let _ = to.send((self.changes, change));
-        }
+        self.changes += 1;
+        let _ = to.send((self.changes, change));
     }
 
     /// Adds or replaces the subscription of `entry.to` to `filter` (in `group` if shared).
@@ -252,8 +235,10 @@ impl Router {
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
             let subs = slot.subs.iter().filter(|e| !(e.options.no_local && e.to.id() == msg.origin));
-            let picks =
-                slot.groups.iter().filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
+            let picks = slot
+                .groups()
+                .iter()
+                .filter_map(|g| g.pick(strategy, msg, false).map(|e| (e, Some(&*g.name))));
             push_targets(out, &mut merging, subs.map(|e| (e, None)).chain(picks));
         });
         if merging > 1 {
@@ -279,7 +264,7 @@ impl Router {
         let mut merging = 0;
         self.trie.matches(&msg.topic, &mut |slot| {
             let subs = slot.subs.iter().filter(|e| scope.plain && e.to.takes_forwarded());
-            let groups = slot.groups.iter().filter(|g| scope.groups.iter().any(|n| **n == *g.name));
+            let groups = slot.groups().iter().filter(|g| scope.groups.iter().any(|n| **n == *g.name));
             // A group with no member here any more (the sender did not know yet) passes the
             // message on to a member elsewhere.
             let picks = groups.filter_map(|g| {
@@ -325,7 +310,16 @@ impl Router {
     }
 
     fn group(&self, filter: &str, group: &str) -> Option<&Group> {
-        self.trie.slot(filter)?.groups.iter().find(|g| &*g.name == group)
+        self.trie.slot(filter)?.groups().iter().find(|g| &*g.name == group)
+    }
+}
+
+/// `filter` in `group` as a client writes it: `$share/{group}/` (`$queue/`) and the filter.
+fn full_filter(filter: &str, group: Option<&str>) -> Box<str> {
+    match group {
+        None => filter.into(),
+        Some("$queue") => format!("$queue/{filter}").into(),
+        Some(g) => format!("$share/{g}/{filter}").into(),
     }
 }
 
@@ -623,6 +617,34 @@ mod tests {
         assert_eq!(deliveries(&r, "a/b", false, 0), [merged, shared.clone()]);
         // From the session itself: the No Local subscription does not match.
         assert_eq!(deliveries(&r, "a/b", false, 1), [(1, QoS::AtMostOnce, vec![2], false), shared]);
+    }
+
+    #[test]
+    fn the_watcher_hears_of_first_and_last_local_subscriptions_and_gets_every_filter_at_start() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
+        let (a, b) = (session(1), session(2));
+        let internal =
+            Arc::new(Session::new(3, ByteString::from("$internal/x"), a.lock().queue.limits().clone()));
+        for (filter, group) in [("#", None), ("+", Some("g")), ("/a/+/#", None), ("a/b", Some("$queue"))] {
+            r.subscribe(filter, group, entry(&a));
+        }
+        r.subscribe("a/b", None, entry(&internal));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        r.watch(tx);
+        let mut heard = || std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>();
+        let mut at_start: Vec<_> = heard().into_iter().map(|(_, c)| c).collect();
+        at_start.sort_by_key(|c| format!("{c:?}"));
+        let added = |f: &str| FilterChange::Added(f.into());
+        assert_eq!(at_start, [added("#"), added("$queue/a/b"), added("$share/g/+"), added("/a/+/#")]);
+        r.subscribe("#", None, entry(&b));
+        r.subscribe("a/b", None, entry(&internal));
+        assert_eq!(heard(), [], "not the first local one; an in-process client's is not local");
+        r.unsubscribe("#", None, 1);
+        assert_eq!(heard(), [], "not the last");
+        r.unsubscribe("#", None, 2);
+        r.subscribe("+", Some("h"), entry(&b));
+        assert_eq!(heard(), [(5, FilterChange::Removed("#".into())), (6, added("$share/h/+"))]);
+        assert_eq!(r.changes(), 6);
     }
 
     #[test]

@@ -10,13 +10,19 @@ use super::shared::Group;
 pub(super) struct Slot {
     /// Normal subscriptions.
     pub subs: Vec<SubEntry>,
-    /// Shared-subscription groups.
-    pub groups: Vec<Group>,
+    /// Shared-subscription groups; boxed, as most filters have none (8 bytes instead of 24).
+    #[allow(clippy::box_collection)]
+    groups: Option<Box<Vec<Group>>>,
 }
 
 impl Slot {
+    /// Shared-subscription groups.
+    pub(super) fn groups(&self) -> &[Group] {
+        self.groups.as_deref().map_or(&[], |g| g)
+    }
+
     fn is_empty(&self) -> bool {
-        self.subs.is_empty() && self.groups.is_empty()
+        self.subs.is_empty() && self.groups.is_none()
     }
 
     /// Adds or replaces the session's entry (`unique`: known not to be there, no scan). True if new.
@@ -24,14 +30,15 @@ impl Slot {
         let list = match group {
             None => &mut self.subs,
             Some(name) => {
-                let i = match self.groups.iter().position(|g| &*g.name == name) {
+                let groups = self.groups.get_or_insert_with(Default::default);
+                let i = match groups.iter().position(|g| &*g.name == name) {
                     Some(i) => i,
                     None => {
-                        self.groups.push(Group::new(name));
-                        self.groups.len() - 1
+                        groups.push(Group::new(name));
+                        groups.len() - 1
                     }
                 };
-                &mut self.groups[i].members
+                &mut groups[i].members
             }
         };
         match list.iter_mut().find(|e| !unique && e.to.id() == entry.to.id()) {
@@ -40,16 +47,30 @@ impl Slot {
                 false
             }
             None => {
-                list.push(entry);
+                push(list, entry);
                 true
             }
         }
     }
 
+    /// The subscriptions in `group` (the normal ones for None).
+    fn members(&self, group: Option<&str>) -> &[SubEntry] {
+        match group {
+            None => &self.subs,
+            Some(name) => self.groups().iter().find(|g| &*g.name == name).map_or(&[], |g| &g.members),
+        }
+    }
+
+    /// How many subscriptions in `group` (the normal ones for None) are of this broker's
+    /// sessions or relays (see [`super::Subscriber::takes_forwarded`]): 0, 1, or 2 for more.
+    pub(super) fn locals(&self, group: Option<&str>) -> usize {
+        self.members(group).iter().filter(|e| e.to.takes_forwarded()).take(2).count()
+    }
+
     fn entry_mut(&mut self, group: Option<&str>, session_id: u64) -> Option<&mut SubEntry> {
         let list = match group {
             None => &mut self.subs,
-            Some(name) => &mut self.groups.iter_mut().find(|g| &*g.name == name)?.members,
+            Some(name) => &mut self.groups.as_mut()?.iter_mut().find(|g| &*g.name == name)?.members,
         };
         list.iter_mut().find(|e| e.to.id() == session_id)
     }
@@ -58,10 +79,14 @@ impl Slot {
         match group {
             None => remove_session(&mut self.subs, session_id),
             Some(name) => {
-                let i = self.groups.iter().position(|g| &*g.name == name)?;
-                let removed = remove_session(&mut self.groups[i].members, session_id);
-                if self.groups[i].members.is_empty() {
-                    self.groups.swap_remove(i);
+                let groups = self.groups.as_mut()?;
+                let i = groups.iter().position(|g| &*g.name == name)?;
+                let removed = remove_session(&mut groups[i].members, session_id);
+                if groups[i].members.is_empty() {
+                    groups.swap_remove(i);
+                    if groups.is_empty() {
+                        self.groups = None;
+                    }
                 }
                 removed
             }
@@ -69,24 +94,58 @@ impl Slot {
     }
 }
 
+/// Subscribers a list grows to one at a time before it grows as usual (by doubling): most
+/// filters have one subscriber, for which `Vec`'s first allocation of four would be 3/4 empty.
+const EXACT_UP_TO: usize = 4;
+
+fn push(list: &mut Vec<SubEntry>, entry: SubEntry) {
+    if list.len() == list.capacity() && list.len() < EXACT_UP_TO {
+        list.reserve_exact(1);
+    }
+    list.push(entry);
+}
+
 fn remove_session(list: &mut Vec<SubEntry>, session_id: u64) -> Option<SubEntry> {
     let i = list.iter().position(|e| e.to.id() == session_id)?;
     Some(list.remove(i))
 }
 
+/// One level of the trie. Most nodes are leaves (the last level of a filter): everything
+/// below a node is boxed, so a leaf is its slot and one pointer.
 #[derive(Debug, Default)]
 struct Node {
-    children: HashMap<Box<str>, Node>,
-    plus: Option<Box<Node>>,
     /// Filters that end at this level.
     here: Slot,
+    below: Option<Box<Below>>,
+}
+
+/// What is below a node that is not a leaf.
+#[derive(Debug, Default)]
+struct Below {
+    children: HashMap<Box<str>, Node>,
+    plus: Option<Box<Node>>,
     /// Filters that end with `#` right below this level.
     multi: Slot,
 }
 
 impl Node {
     fn is_empty(&self) -> bool {
-        self.children.is_empty() && self.plus.is_none() && self.here.is_empty() && self.multi.is_empty()
+        self.here.is_empty() && self.below.is_none()
+    }
+
+    fn below_mut(&mut self) -> &mut Below {
+        self.below.get_or_insert_with(Default::default)
+    }
+
+    /// Drops what is below once nothing is.
+    fn prune(&mut self) {
+        if self
+            .below
+            .as_ref()
+            .is_some_and(|b| b.children.is_empty() && b.plus.is_none() && b.multi.is_empty())
+        {
+            self.below = None;
+        }
     }
 }
 
@@ -110,15 +169,16 @@ impl Trie {
         let mut node = &mut self.root;
         let mut levels = filter.split('/').peekable();
         while let Some(level) = levels.next() {
+            let below = node.below_mut();
             if level == "#" && levels.peek().is_none() {
-                let new = node.multi.insert(group, entry, unique);
+                let new = below.multi.insert(group, entry, unique);
                 self.len += usize::from(new);
                 return new;
             }
             node = if level == "+" {
-                node.plus.get_or_insert_with(Default::default)
+                below.plus.get_or_insert_with(Default::default)
             } else {
-                node.children.entry(level.into()).or_default()
+                below.children.entry(level.into()).or_default()
             };
         }
         let new = node.here.insert(group, entry, unique);
@@ -144,11 +204,12 @@ impl Trie {
         let mut node = &mut self.root;
         let mut levels = filter.split('/').peekable();
         let slot = loop {
-            match levels.next() {
-                None => break &mut node.here,
-                Some("#") if levels.peek().is_none() => break &mut node.multi,
-                Some("+") => node = node.plus.as_deref_mut()?,
-                Some(level) => node = node.children.get_mut(level)?,
+            let Some(level) = levels.next() else { break &mut node.here };
+            let below = node.below.as_deref_mut()?;
+            match level {
+                "#" if levels.peek().is_none() => break &mut below.multi,
+                "+" => node = below.plus.as_deref_mut()?,
+                level => node = below.children.get_mut(level)?,
             }
         };
         slot.entry_mut(group, session_id)
@@ -159,13 +220,19 @@ impl Trie {
         let mut node = &self.root;
         let mut levels = filter.split('/').peekable();
         loop {
-            match levels.next() {
-                None => return Some(&node.here),
-                Some("#") if levels.peek().is_none() => return Some(&node.multi),
-                Some("+") => node = node.plus.as_deref()?,
-                Some(level) => node = node.children.get(level)?,
+            let Some(level) = levels.next() else { return Some(&node.here) };
+            let below = node.below.as_deref()?;
+            match level {
+                "#" if levels.peek().is_none() => return Some(&below.multi),
+                "+" => node = below.plus.as_deref()?,
+                level => node = below.children.get(level)?,
             }
         }
+    }
+
+    /// Calls `f` with every slot that holds subscriptions and the filter that ends there.
+    pub(super) fn each_slot<'a>(&'a self, f: &mut impl FnMut(&str, &'a Slot)) {
+        each_slot(&self.root, &mut String::new(), true, f);
     }
 
     /// Number of subscriptions.
@@ -187,8 +254,11 @@ impl Trie {
 
 /// Matches the levels of `rest` (None once every level is consumed) below `node`.
 fn walk<'a>(node: &'a Node, rest: Option<&str>, wild: bool, f: &mut impl FnMut(&'a Slot)) {
-    if wild && !node.multi.is_empty() {
-        f(&node.multi);
+    let below = node.below.as_deref();
+    if let (true, Some(below)) = (wild, below) {
+        if !below.multi.is_empty() {
+            f(&below.multi);
+        }
     }
     let Some(rest) = rest else {
         if !node.here.is_empty() {
@@ -196,41 +266,74 @@ fn walk<'a>(node: &'a Node, rest: Option<&str>, wild: bool, f: &mut impl FnMut(&
         }
         return;
     };
+    let Some(below) = below else { return };
     // A plain byte scan: topic levels are short, and `split_once`'s searcher costs several
     // times more per level on every routed message.
     let (level, next) = match rest.bytes().position(|b| b == b'/') {
         Some(i) => (&rest[..i], Some(&rest[i + 1..])),
         None => (rest, None),
     };
-    if let Some(child) = node.children.get(level) {
+    if let Some(child) = below.children.get(level) {
         walk(child, next, true, f);
     }
-    if let (true, Some(plus)) = (wild, &node.plus) {
+    if let (true, Some(plus)) = (wild, &below.plus) {
         walk(plus, next, true, f);
     }
 }
 
+/// [`Trie::each_slot`] below `node`, whose filter is `path` (`top`: the root, no level yet).
+fn each_slot<'a>(node: &'a Node, path: &mut String, top: bool, f: &mut impl FnMut(&str, &'a Slot)) {
+    if !node.here.is_empty() {
+        f(path, &node.here);
+    }
+    let Some(below) = node.below.as_deref() else { return };
+    let len = path.len();
+    let down = |path: &mut String, level: &str| {
+        path.truncate(len);
+        if !top {
+            path.push('/');
+        }
+        path.push_str(level);
+    };
+    if !below.multi.is_empty() {
+        down(path, "#");
+        f(path, &below.multi);
+    }
+    if let Some(plus) = &below.plus {
+        down(path, "+");
+        each_slot(plus, path, false, f);
+    }
+    for (level, child) in &below.children {
+        down(path, level);
+        each_slot(child, path, false, f);
+    }
+    path.truncate(len);
+}
+
 fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, session_id: u64) -> Option<SubEntry> {
-    match levels {
-        [] => node.here.remove(group, session_id),
-        ["#"] => node.multi.remove(group, session_id),
-        [level, rest @ ..] if *level == "+" => {
-            let plus = node.plus.as_mut()?;
+    let [level, rest @ ..] = levels else { return node.here.remove(group, session_id) };
+    let below = node.below.as_deref_mut()?;
+    let removed = match (*level, rest) {
+        ("#", []) => below.multi.remove(group, session_id),
+        ("+", _) => {
+            let plus = below.plus.as_mut()?;
             let removed = remove_at(plus, rest, group, session_id);
             if plus.is_empty() {
-                node.plus = None;
+                below.plus = None;
             }
             removed
         }
-        [level, rest @ ..] => {
-            let child = node.children.get_mut(*level)?;
+        (level, _) => {
+            let child = below.children.get_mut(level)?;
             let removed = remove_at(child, rest, group, session_id);
             if child.is_empty() {
-                node.children.remove(*level);
+                below.children.remove(level);
             }
             removed
         }
-    }
+    };
+    node.prune();
+    removed
 }
 
 #[cfg(test)]
@@ -259,7 +362,7 @@ mod tests {
         let mut ids = Vec::new();
         t.matches(topic, &mut |slot| {
             ids.extend(slot.subs.iter().map(|e| e.to.id()));
-            ids.extend(slot.groups.iter().flat_map(|g| g.members.iter().map(|e| e.to.id())));
+            ids.extend(slot.groups().iter().flat_map(|g| g.members.iter().map(|e| e.to.id())));
         });
         ids.sort();
         ids

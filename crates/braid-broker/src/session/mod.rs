@@ -9,6 +9,7 @@ mod qos2;
 mod queue;
 mod small;
 mod state;
+mod subscriptions;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ pub use persist::{Persist, RemoteIds, Restore};
 pub use qos2::Qos2Ids;
 pub use queue::{Enqueued, Item, OnDisk, Queue, QueueLimits};
 pub use state::{Link, Origin, OtherMembers, Outbox, Release, SessionState, Transmit};
+pub use subscriptions::Subscriptions;
 
 use crate::message::Delivery;
 

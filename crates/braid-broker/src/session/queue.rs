@@ -186,6 +186,12 @@ impl<T: Item> Queue<T> {
         self.items = items.into_iter().chain(rest).collect();
     }
 
+    /// Gives back the room that more items needed before: what a burst of deliveries left
+    /// allocated in a queue that is now idle.
+    pub fn shrink_to_fit(&mut self) {
+        self.items.shrink_to_fit();
+    }
+
     /// Takes every item out.
     pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         self.bytes = 0;
@@ -280,6 +286,18 @@ mod tests {
     fn d(qos: QoS, payload: usize) -> Delivery {
         let msg = Message::internal(ByteString::from_static("t"), Bytes::from(vec![0; payload]), false);
         Delivery::of(msg, qos)
+    }
+
+    #[test]
+    fn an_emptied_queue_gives_back_its_room() {
+        let mut q = Queue::new(limits(OverflowPolicy::DropNewest));
+        for _ in 0..3 {
+            q.push(d(QoS::AtLeastOnce, 1), true);
+        }
+        while q.pop().is_some() {}
+        assert!(q.items.capacity() >= 3, "popping keeps the room");
+        q.shrink_to_fit();
+        assert_eq!(q.items.capacity(), 0);
     }
 
     #[test]

@@ -17,11 +17,11 @@ use super::inflight::{Entry, Inflight, Stage};
 use super::persist::{Persist, Restore};
 use super::qos2::Qos2Ids;
 use super::queue::{Enqueued, Queue, QueueLimits};
-use super::small::SmallMap;
+use super::subscriptions::Subscriptions;
 use crate::config::OverflowPolicy;
 use crate::control::ConnControl;
 use crate::message::{Delivery, StreamTag};
-use crate::store::{self, SessionRecord, Stored, SubscriptionRecord, Ticket};
+use crate::store::{self, SessionRecord, Stored, Ticket};
 use crate::transport::Transport;
 
 /// The outbound side of the connection currently attached to the session.
@@ -179,7 +179,7 @@ impl OtherMembers {
 #[derive(Debug)]
 pub struct SessionState {
     /// Subscriptions by full filter (including any `$share/group/` prefix).
-    pub subscriptions: SmallMap<ByteString, SubscriptionRecord>,
+    pub subscriptions: Subscriptions,
     /// Deliveries waiting for the window or for the client.
     pub queue: Queue,
     /// Outbound QoS 1/2 awaiting acknowledgement.
@@ -210,7 +210,7 @@ impl SessionState {
     /// A fresh session with the given queue limits.
     pub fn new(limits: Arc<QueueLimits>) -> SessionState {
         SessionState {
-            subscriptions: SmallMap::default(),
+            subscriptions: Subscriptions::default(),
             queue: Queue::new(limits),
             inflight: Inflight::default(),
             incoming_qos2: Qos2Ids::default(),
@@ -275,6 +275,12 @@ impl SessionState {
         } else {
             false
         }
+    }
+
+    /// Gives back the memory deliveries left in the queue, for a connection that goes idle
+    /// (parks): a session whose queue is empty again costs what a fresh one does.
+    pub fn release_idle_memory(&mut self) {
+        self.queue.shrink_to_fit();
     }
 
     /// Takes out the deliveries that came through the shared subscriptions `others` can take
