@@ -1,8 +1,11 @@
-"""What the bench scripts (compare, c1m, soak) share: free loopback ports, the open-file limit
-and a process's figures from /proc. Each script puts bench/ on sys.path and imports this."""
+"""What the bench scripts (compare, c1m, soak) share: free loopback ports, the open-file limit,
+a process's figures from /proc and building the Braid they measure. Each script puts bench/ on
+sys.path and imports this."""
 import os
 import resource
 import socket
+import subprocess
+import sys
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -12,6 +15,13 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def build_braid(root):
+    """Builds target/release/braid of the checkout at `root`, so that a run measures the code it
+    sits in, not whatever binary an earlier build left."""
+    print("building target/release/braid (cargo build --release -p braid)", file=sys.stderr, flush=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "braid"], cwd=root, check=True)
 
 
 def raise_nofile():
