@@ -254,8 +254,7 @@ impl<T> Entry<T> {
 impl<T> Drop for Entry<T> {
     fn drop(&mut self) {
         self.slot().flags.store(0, Ordering::Release);
-        let conn = std::mem::take(&mut self.chunk.conns.lock()[self.index]);
-        drop(conn);
+        self.chunk.conns.lock()[self.index] = Weak::new();
         if let Some(table) = self.chunk.table.upgrade() {
             table.inner.lock().free.push(self.chunk.first + self.index);
         }

@@ -321,13 +321,7 @@ impl SessionState {
             if let Some(until) = self.blocks_publishers_now().then(|| self.paced_until(now)).flatten() {
                 return Enqueued::Paced(until);
             }
-        } else if self.queue.limits().overflow == OverflowPolicy::Backpressure
-            && self.over_backlog()
-            && self.window_full()
-        {
-            // Only a backlog waiting for the window is the client's: while the window has
-            // room, the queue waits for this connection's turn to write, and holding the
-            // publisher would only cut the writes smaller (fan-out on a busy broker).
+        } else if self.queue.limits().overflow == OverflowPolicy::Backpressure && self.over_backlog() {
             return Enqueued::QueuedOverLimit;
         }
         r
@@ -345,10 +339,16 @@ impl SessionState {
         (now < until).then_some(until)
     }
 
-    /// True while the attached client's queue holds more than its delivery window: the
-    /// client is not keeping up, and more queued would only wait longer.
+    /// True while the attached client's queue holds more than its delivery window and waits
+    /// for the client: the client is not keeping up, and more queued would only wait longer.
+    /// The queue waits for the client when the window is full, or when nothing is in flight to
+    /// say otherwise (QoS 0 uses no window). While the window has room and acknowledgements
+    /// are coming, the queue waits only for this connection's turn to write, and holding
+    /// publishers would only cut the writes smaller (fan-out on a busy broker).
     fn over_backlog(&self) -> bool {
-        self.is_online() && self.queue.len() > self.backlog_limit()
+        self.is_online()
+            && self.queue.len() > self.backlog_limit()
+            && (self.window_full() || self.inflight.sent() == 0)
     }
 
     /// Queued deliveries above which publishers are held back: the adaptive window's backlog
@@ -826,15 +826,17 @@ mod tests {
         let config = SessionConfig { max_queued_messages: 1000, ..Default::default() };
         let mut st = SessionState::new(Arc::new(QueueLimits::from_config(&config)));
         st.attach(link(ProtocolVersion::V5, 1000, 0));
-        // While the window has room, a long queue only waits for the connection's turn to
-        // write: no publisher is held.
+        // While the window has room and a delivery is in flight, a long queue only waits for
+        // the connection's turn to write: no publisher is held.
+        st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now());
+        assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 1);
         for _ in 0..100 {
             assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now()), Enqueued::Queued);
         }
-        // A new connection's window is 64: it takes 64, and the queue beyond it is the
+        // A new connection's window is 64: it takes 63 more, and the queue beyond it is the
         // client's backlog. The 65th waiting delivery is one too many.
-        assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 64);
-        for _ in 0..28 {
+        assert_eq!(publishes(&transmit(&mut st, Instant::now())).len(), 63);
+        for _ in 0..27 {
             assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now()), Enqueued::Queued);
         }
         assert_eq!(st.enqueue(delivery("t", QoS::AtLeastOnce), Instant::now()), Enqueued::QueuedOverLimit);
