@@ -17,17 +17,18 @@ pub(super) fn micros(now: Instant) -> u32 {
 
 /// Window of a new connection.
 const INITIAL: u32 = 64;
-/// The window never shrinks below this (the client's Receive Maximum may be smaller).
-const MIN: u32 = 8;
+/// The window never shrinks below this (the client's Receive Maximum may be smaller). Below
+/// about 32 a busy broker's writes get small: fanning one publisher out to 1000 subscribers,
+/// every window was cut to the minimum whatever it was, and at 8 or 16 each write carried 12
+/// deliveries and the broker made twice the system calls per delivery that it makes at 32
+/// (docs/flow-control.md, "The delivery window").
+const MIN: u32 = 32;
 /// Acknowledgement delay above the lowest seen that counts as queueing: the larger of this and
 /// the lowest delay itself.
 const SLACK_US: u32 = 1_000;
 /// The lowest delay is learnt afresh after this long, so a path that got slower is not judged
 /// by a delay it can no longer give.
 const MIN_DELAY_LIFETIME_US: u32 = 10_000_000;
-/// The session queue holds publishers back once it holds more than the window, and never
-/// before it holds this many.
-const MIN_BACKLOG: usize = 16;
 
 /// Delay-based window of one connection (sans-IO: times come in as [`micros`]).
 ///
@@ -80,11 +81,6 @@ impl AdaptiveWindow {
     /// Deliveries that may be unacknowledged now.
     pub fn size(&self) -> usize {
         self.size as usize
-    }
-
-    /// Queued deliveries above which publishers are held back (backpressure).
-    pub fn backlog_limit(&self) -> usize {
-        self.size().max(MIN_BACKLOG)
     }
 
     /// An acknowledgement (PUBACK, or PUBREC for QoS 2) of a delivery sent at `sent`, arriving
@@ -207,7 +203,6 @@ mod tests {
             acks(&mut w, &mut now, 1, delay);
         }
         assert_eq!(w.size(), MIN as usize);
-        assert_eq!(w.backlog_limit(), MIN_BACKLOG);
     }
 
     #[test]

@@ -351,11 +351,11 @@ impl SessionState {
             && (self.window_full() || self.inflight.sent() == 0)
     }
 
-    /// Queued deliveries above which publishers are held back: the adaptive window's backlog
-    /// limit, or, for a queue that does not adapt, its own limit.
+    /// Queued deliveries above which publishers are held back: one adaptive window, or, for a
+    /// queue that does not adapt, its own limit.
     fn backlog_limit(&self) -> usize {
         match self.queue.limits().adaptive {
-            true => self.inflight.adaptive().backlog_limit(),
+            true => self.inflight.adaptive().size(),
             false => self.queue.limits().max_messages,
         }
     }
