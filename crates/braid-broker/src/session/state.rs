@@ -483,7 +483,7 @@ impl SessionState {
     /// Ends delivery `id` at `stage`; an acknowledgement that arrived at `now` tells the
     /// adaptive window how long it took.
     fn complete(&mut self, id: u16, stage: Stage, now: Option<Instant>) -> bool {
-        let full = self.window_full();
+        let full = self.adaptive_window_full();
         let Some((seq, sent_at)) = self.inflight.complete(id, stage) else { return false };
         done(&mut self.persist, seq);
         if let Some(now) = now {
@@ -507,6 +507,13 @@ impl SessionState {
         self.inflight.sent() >= self.send_window()
     }
 
+    /// True while the adaptive window itself is in use up to its size: not while the Receive
+    /// Maximum (or `mqtt.max_inflight`) keeps it below that, which shows nothing about whether
+    /// the client could take more. Only a filled window grows.
+    fn adaptive_window_full(&self) -> bool {
+        self.inflight.sent() >= self.inflight.adaptive().size()
+    }
+
     /// PUBREC from the client, at `now`: the PUBREL to answer with, or None if the client
     /// refused the message (a failure reason ends the exchange).
     pub fn on_pubrec(&mut self, ack: &Ack, now: Instant) -> Option<Ack> {
@@ -519,7 +526,7 @@ impl SessionState {
         {
             p.stage(seq, store::Stage::Released);
         }
-        let full = self.window_full();
+        let full = self.adaptive_window_full();
         let reason = match self.inflight.release(ack.packet_id) {
             Some(first) => {
                 if let Some(sent_at) = first {
@@ -869,6 +876,30 @@ mod tests {
         st.queue.drain().for_each(drop);
         assert_eq!(st.take_drained(), Release::All);
         assert_eq!(st.take_drained(), Release::None);
+    }
+
+    #[test]
+    fn a_receive_maximum_below_the_window_keeps_the_window_from_growing() {
+        // Receive Maximum 10 and prompt acknowledgements: the window is never filled (10 of
+        // 64), so it does not grow, and the backlog that holds publishers stays one window
+        // (it grew without end before, and with it the queue in front of the client).
+        let config = SessionConfig { max_queued_messages: 1_000_000, ..Default::default() };
+        let mut st = SessionState::new(Arc::new(QueueLimits::from_config(&config)));
+        st.attach(link(ProtocolVersion::V5, 10, 0));
+        let start = Instant::now();
+        for round in 0..1000u64 {
+            while !st.blocks_publishers_now() {
+                st.enqueue(delivery("t", QoS::AtLeastOnce), start);
+            }
+            let now = start + Duration::from_micros(100 * round);
+            let ids: Vec<u16> = publishes(&transmit(&mut st, now)).iter().map(|p| p.packet_id).collect();
+            assert_eq!(ids.len(), 10, "Receive Maximum 10 in flight");
+            for id in ids {
+                assert!(st.on_puback(id, now + Duration::from_micros(50)));
+            }
+        }
+        assert_eq!(st.inflight.adaptive().size(), 64);
+        assert!(st.queue.len() <= 64 + 1, "{} queued before publishers were held", st.queue.len());
     }
 
     #[test]
