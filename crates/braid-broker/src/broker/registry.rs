@@ -127,7 +127,7 @@ impl Broker {
             _ => 0,
         };
         let max_packet_size = c.properties.maximum_packet_size.unwrap_or(u32::MAX);
-        let window = usize::from(window.min(cfg.mqtt.max_inflight));
+        let window = window.min(cfg.mqtt.max_inflight);
         let mut link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
         let transport = origin.transport;
         (origin.keep_alive, origin.connected_at) = (keep_alive, self.unix_secs(now));
