@@ -135,7 +135,7 @@ impl Broker {
         let (generation, restore) = {
             let mut st = session.lock();
             st.expiry_secs = expiry;
-            st.will = c.will.clone().map(Box::new);
+            st.will = c.will.as_ref().map(|w| Box::new(w.detached()));
             st.queue.set_limits(limits.clone());
             let generation = st.attach(link);
             if expiry > 0 && self.store.persistent() && st.persist.is_none() {
