@@ -62,6 +62,30 @@ pub struct LastWill {
     pub properties: Properties,
 }
 
+impl LastWill {
+    /// A copy with bytes of its own: a decoded will's strings are slices of the buffer it was
+    /// read into, which a will kept for a session's life would otherwise keep whole. (Only the
+    /// properties a will may have are copied.)
+    pub fn detached(&self) -> LastWill {
+        let mut properties = self.properties.clone();
+        if !properties.is_unset() {
+            let p = &mut *properties;
+            p.correlation_data = p.correlation_data.as_deref().map(Bytes::copy_from_slice);
+            let users = p.user_properties.iter_mut().flat_map(|(k, v)| [k, v]);
+            for s in p.content_type.iter_mut().chain(&mut p.response_topic).chain(users) {
+                *s = ByteString::from(&**s);
+            }
+        }
+        LastWill {
+            topic: ByteString::from(&*self.topic),
+            payload: Bytes::copy_from_slice(&self.payload),
+            qos: self.qos,
+            retain: self.retain,
+            properties,
+        }
+    }
+}
+
 /// CONNECT.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connect {

@@ -127,7 +127,7 @@ impl Broker {
             _ => 0,
         };
         let max_packet_size = c.properties.maximum_packet_size.unwrap_or(u32::MAX);
-        let window = usize::from(window.min(cfg.mqtt.max_inflight));
+        let window = window.min(cfg.mqtt.max_inflight);
         let mut link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
         let transport = origin.transport;
         (origin.keep_alive, origin.connected_at) = (keep_alive, self.unix_secs(now));
@@ -135,7 +135,7 @@ impl Broker {
         let (generation, restore) = {
             let mut st = session.lock();
             st.expiry_secs = expiry;
-            st.will = c.will.clone().map(Box::new);
+            st.will = c.will.as_ref().map(|w| Box::new(w.detached()));
             st.queue.set_limits(limits.clone());
             let generation = st.attach(link);
             if expiry > 0 && self.store.persistent() && st.persist.is_none() {

@@ -207,7 +207,7 @@ async fn admit_counted(
             Via::InProcess { .. } => None,
         },
         peer,
-        username: identity.username.as_deref().map(ByteString::from),
+        username: identity.username.as_deref().map(Box::from),
         ..Origin::default()
     };
     let acl = broker.security.seed(identity, client_id);

@@ -165,14 +165,14 @@ impl ConnControl {
     }
 
     /// Records that the connection is parked under `key`.
-    pub fn set_parked(&self, key: usize) {
+    pub fn set_parked(&self, key: u32) {
         // Flagged before the key is set, so an unpark (which needs the key) clears it after.
         self.live.set(PARKED);
         self.parking.set(key);
     }
 
     /// Takes back a park that failed; false if a waker already claimed it.
-    pub fn clear_parked(&self, key: usize) -> bool {
+    pub fn clear_parked(&self, key: u32) -> bool {
         let cleared = self.parking.clear(key);
         if cleared {
             self.live.clear(PARKED);

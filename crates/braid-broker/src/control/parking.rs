@@ -3,16 +3,16 @@
 //! The lot installs the hook, so this low layer does not know the lot. (Whether the sweep asked
 //! it to park, and whether it is parked, are flags of its liveness slot, which the sweep reads.)
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// `parked` when the connection has a task.
-const NOT_PARKED: usize = usize::MAX;
+/// `key` when the connection has a task.
+const NOT_PARKED: u32 = u32::MAX;
 
 /// Gives a parked connection its task back.
 pub trait Unpark: Send + Sync + std::fmt::Debug {
     /// Resumes the connection parked under `key`.
-    fn unpark(&self, key: usize);
+    fn unpark(&self, key: u32);
 }
 
 /// Parking state.
@@ -20,15 +20,16 @@ pub trait Unpark: Send + Sync + std::fmt::Debug {
 pub(super) struct Parking {
     /// Set by every wake; cleared by the task when it looks for work.
     woken: AtomicBool,
-    /// The parking lot's key while parked, else `NOT_PARKED`.
-    key: AtomicUsize,
+    /// The parking lot's key while parked, else `NOT_PARKED`. 32 bits, which keeps the
+    /// connection's control block in a smaller allocation size class.
+    key: AtomicU32,
     /// Where the connection parks; set once its transport can park.
     lot: OnceLock<Arc<dyn Unpark>>,
 }
 
 impl Default for Parking {
     fn default() -> Self {
-        Parking { woken: AtomicBool::new(false), key: AtomicUsize::new(NOT_PARKED), lot: OnceLock::new() }
+        Parking { woken: AtomicBool::new(false), key: AtomicU32::new(NOT_PARKED), lot: OnceLock::new() }
     }
 }
 
@@ -54,23 +55,23 @@ impl Parking {
     }
 
     /// Records that the connection is parked under `key`.
-    pub(super) fn set(&self, key: usize) {
+    pub(super) fn set(&self, key: u32) {
         self.key.store(key, Ordering::SeqCst);
     }
 
     /// Takes back the park under `key`; false if someone else already did.
-    pub(super) fn clear(&self, key: usize) -> bool {
+    pub(super) fn clear(&self, key: u32) -> bool {
         self.key.compare_exchange(key, NOT_PARKED, Ordering::SeqCst, Ordering::SeqCst).is_ok()
     }
 
     /// Takes the park back (once, whoever calls): its key, for [`Parking::resume`].
-    pub(super) fn take(&self) -> Option<usize> {
+    pub(super) fn take(&self) -> Option<u32> {
         let key = self.key.load(Ordering::SeqCst);
         (key != NOT_PARKED && self.clear(key)).then_some(key)
     }
 
     /// Gives the connection that was parked under `key` its task back.
-    pub(super) fn resume(&self, key: usize) {
+    pub(super) fn resume(&self, key: u32) {
         if let Some(lot) = self.lot.get() {
             lot.unpark(key);
         }

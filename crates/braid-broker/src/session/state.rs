@@ -34,7 +34,7 @@ pub struct Link {
     /// The client's Maximum Packet Size.
     pub max_packet_size: u32,
     /// Unacknowledged QoS 1/2 deliveries allowed (client Receive Maximum, capped by config).
-    pub window: usize,
+    pub window: u16,
     /// Server-assigned topic aliases.
     pub aliases: OutboundAliases,
     /// Closes the connection (takeover, protocol error, shutdown).
@@ -51,7 +51,7 @@ pub struct Origin {
     /// Its address.
     pub peer: SocketAddr,
     /// The user it authenticated as, if any.
-    pub username: Option<ByteString>,
+    pub username: Option<Box<str>>,
     /// Keep alive in seconds, as granted (0: none).
     pub keep_alive: u16,
     /// When it connected, in seconds since the Unix epoch.
@@ -75,7 +75,7 @@ impl Link {
     /// [`SessionState::attach`].
     pub fn new(
         version: ProtocolVersion,
-        window: usize,
+        window: u16,
         max_packet_size: u32,
         topic_alias_maximum: u16,
         ctl: Arc<ConnControl>,
@@ -497,8 +497,8 @@ impl SessionState {
     fn send_window(&self) -> usize {
         let adaptive = self.queue.limits().adaptive;
         self.link.as_ref().map_or(0, |l| match adaptive {
-            true => l.window.min(self.inflight.adaptive().size()),
-            false => l.window,
+            true => usize::from(l.window).min(self.inflight.adaptive().size()),
+            false => usize::from(l.window),
         })
     }
 
@@ -703,7 +703,7 @@ mod tests {
         Arc::new(QueueLimits::from_config(&config))
     }
 
-    fn link(version: ProtocolVersion, window: usize, alias_max: u16) -> Link {
+    fn link(version: ProtocolVersion, window: u16, alias_max: u16) -> Link {
         let ctl = ConnControl::new(&Default::default(), 0, 0);
         Link::new(version, window, u32::MAX, alias_max, ctl)
     }

@@ -17,7 +17,9 @@ pub struct Subscriptions(Repr);
 #[derive(Debug)]
 enum Repr {
     Few(Vec<(ByteString, SubscriptionRecord)>),
-    Many(SmallMap<ByteString, SubscriptionRecord>),
+    /// Boxed: a session's subscriptions then take 24 bytes in it, not 32.
+    #[allow(clippy::box_collection)]
+    Many(Box<SmallMap<ByteString, SubscriptionRecord>>),
 }
 
 impl Default for Repr {
@@ -69,7 +71,7 @@ impl Subscriptions {
         } else {
             let mut map: SmallMap<_, _> = list.drain(..).collect();
             map.insert(filter, record);
-            self.0 = Repr::Many(map);
+            self.0 = Repr::Many(Box::new(map));
         }
         None
     }
@@ -94,7 +96,7 @@ impl Subscriptions {
     pub fn iter(&self) -> impl Iterator<Item = (&ByteString, &SubscriptionRecord)> {
         let (few, many) = match &self.0 {
             Repr::Few(list) => (&list[..], None),
-            Repr::Many(map) => (&[][..], Some(map)),
+            Repr::Many(map) => (&[][..], Some(&**map)),
         };
         few.iter().map(|(f, r)| (f, r)).chain(many.into_iter().flatten())
     }
@@ -108,7 +110,7 @@ impl Subscriptions {
     pub fn drain(&mut self) -> impl Iterator<Item = (ByteString, SubscriptionRecord)> {
         let (few, many) = match std::mem::take(&mut self.0) {
             Repr::Few(list) => (list, None),
-            Repr::Many(map) => (Vec::new(), Some(map)),
+            Repr::Many(map) => (Vec::new(), Some(*map)),
         };
         few.into_iter().chain(many.into_iter().flatten())
     }

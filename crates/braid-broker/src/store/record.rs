@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use braid_proto::{
-    decode, encode, ByteString, BytesMut, Connect, Packet, Properties, ProtocolVersion, Publish, QoS,
-    Subscribe,
+    decode, encode, ByteString, BytesMut, Connect, LastWill, Packet, Properties, ProtocolVersion, Publish,
+    QoS, Subscribe,
 };
 
 use super::backend::{SessionRecord, Stage, SubscriptionRecord};
@@ -201,7 +201,8 @@ pub(super) fn session(r: &SessionRecord) -> Vec<u8> {
     out
 }
 
-/// Reads a SESSION record body.
+/// Reads a SESSION record body. Its strings are copies of their own: slices would keep each
+/// packet's decode buffer for as long as the restored session lasts.
 pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
     let mut r = Reader(body);
     let id = r.u64()?;
@@ -218,10 +219,11 @@ pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
         };
         let sub_id = s.properties.subscription_identifiers.first().copied();
         for (filter, options) in s.filters {
-            subscriptions.push((filter, SubscriptionRecord { options, sub_id }));
+            subscriptions.push((ByteString::from(&*filter), SubscriptionRecord { options, sub_id }));
         }
     }
-    Ok(SessionRecord { id, client_id: c.client_id, expiry_secs, will: c.will, subscriptions, offline_since })
+    let (client_id, will) = (ByteString::from(&*c.client_id), c.will.as_ref().map(LastWill::detached));
+    Ok(SessionRecord { id, client_id, expiry_secs, will, subscriptions, offline_since })
 }
 
 /// Set in an APPEND record's QoS byte when the delivery came through a shared group, whose

@@ -323,6 +323,24 @@ mod tests {
     }
 
     #[test]
+    fn a_detached_will_holds_bytes_of_its_own() {
+        let sent = packet(full(V5, allowed::connect(), allowed::will()));
+        let Ok(Packet::Connect(c)) = decode_one(&encode_to_vec(&sent, V5), V5) else { panic!("a CONNECT") };
+        let will = c.will.as_ref().expect("a will");
+        assert!(!will.payload.is_unique(), "decoded, it is a slice of the packet's buffer");
+        let own = will.detached();
+        assert_eq!(&own, will);
+        let p = &own.properties;
+        let users = p.user_properties.iter().flat_map(|(k, v)| [k, v]);
+        let strings = [&own.topic].into_iter().chain(&p.content_type).chain(&p.response_topic).chain(users);
+        let bytes: Vec<&Bytes> =
+            strings.map(|s| s.as_bytes()).chain([&own.payload]).chain(&p.correlation_data).collect();
+        assert_eq!(bytes.len(), 5 + 2 * p.user_properties.len(), "every string and byte field is set");
+        // An empty one is static: it holds no buffer.
+        assert!(bytes.into_iter().all(|b| b.is_empty() || b.is_unique()));
+    }
+
+    #[test]
     fn round_trip_every_version() {
         for version in VERSIONS {
             round_trip(&packet(minimal(version)), version);

@@ -72,8 +72,8 @@ pub struct ParkingLot {
 impl Unpark for ParkingLot {
     /// Gives the connection parked under `key` a new task. Called once per park, by whoever
     /// won [`ConnControl::unpark`].
-    fn unpark(&self, key: usize) {
-        let Some(parked) = self.parked.lock().try_remove(key) else { return };
+    fn unpark(&self, key: u32) {
+        let Some(parked) = self.parked.lock().try_remove(key as usize) else { return };
         let _ = self.registry.deregister(&mut SourceFd(&parked.stream.as_raw_fd()));
         let (Some(broker), Some(lot)) = (self.broker.upgrade(), self.this.upgrade()) else { return };
         broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
@@ -140,14 +140,19 @@ impl ParkingLot {
         {
             let mut slab = self.parked.lock();
             let entry = slab.vacant_entry();
-            let key = entry.key();
+            // A slab index: below the number of open sockets, so within 32 bits.
+            let Ok(key) = u32::try_from(entry.key()) else {
+                return Err((accepted, io::Error::other("too many parked connections")));
+            };
             let aliases = (!aliases.is_empty()).then(|| Box::new(aliases));
             entry.insert(Box::new(Parked { stream, accepted, version, acl, aliases }));
             // Marked parked before the socket is watched, so that a readiness event finds it.
             ctl.set_parked(key);
-            if let Err(e) = self.registry.register(&mut SourceFd(&fd), Token(key), Interest::READABLE) {
+            if let Err(e) =
+                self.registry.register(&mut SourceFd(&fd), Token(key as usize), Interest::READABLE)
+            {
                 ctl.clear_parked(key);
-                return Err((slab.remove(key).accepted, e));
+                return Err((slab.remove(key as usize).accepted, e));
             }
             // Counted under the slab's lock, which an unpark takes before it counts down.
             if let Some(broker) = self.broker.upgrade() {
