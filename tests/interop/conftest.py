@@ -267,6 +267,10 @@ def redis():
     r.stop()
 
 
+CLUSTER_SECRET = "interop-cluster-secret"
+"""The cluster.secret braid_cluster() gives every node."""
+
+
 @pytest.fixture
 def braid_cluster():
     """Factory: braid_cluster(n=3, redis=None, settings=None, first=1) -> BraidCluster, a list of
@@ -293,7 +297,8 @@ def braid_cluster():
         for i in range(first, first + n):
             node = f"n{i}"
             braid = {"cluster.enabled": True, "cluster.node": node, "cluster.redis": url,
-                     "cluster.lease_ms": 3000, **(settings or {})}
+                     "cluster.lease_ms": 3000, "cluster.listen": "127.0.0.1:0",
+                     "cluster.secret": CLUSTER_SECRET, **(settings or {})}
             made.append(ClusterNode(node, {"braid": braid}))
             nodes.append(made[-1])
         return BraidCluster(made, redis)

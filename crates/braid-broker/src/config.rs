@@ -685,6 +685,17 @@ pub struct ClusterConfig {
     pub batch: usize,
     /// CA certificate (PEM) for `rediss://` URLs; empty: the system's roots.
     pub ca_file: String,
+    /// UDP address the node's links (QUIC) listen on for its peers; empty: no links, every
+    /// message between nodes goes through Redis.
+    pub listen: String,
+    /// The address other nodes dial for this node's links; empty: the listen address, or with
+    /// an unspecified IP (`0.0.0.0`) this host's address towards Redis.
+    pub advertise: String,
+    /// The secret every node shares: it authenticates the links (required with `listen`).
+    pub secret: String,
+    /// How long a peer may stay silent while messages wait for its acknowledgement, in
+    /// milliseconds, before its link is dropped and they go through its Redis inbox.
+    pub link_timeout_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -699,6 +710,10 @@ impl Default for ClusterConfig {
             takeover_timeout_ms: 3_000,
             batch: 512,
             ca_file: String::new(),
+            listen: "0.0.0.0:4370".into(),
+            advertise: String::new(),
+            secret: String::new(),
+            link_timeout_ms: 2_000,
         }
     }
 }
@@ -1365,6 +1380,25 @@ impl ClusterConfig {
         }
         if self.batch == 0 {
             return bad("cluster.batch", "must be at least 1");
+        }
+        if self.listen.is_empty() {
+            return Ok(());
+        }
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad("cluster.listen", &format!("{:?} is not IP:PORT (empty: no links)", self.listen));
+        }
+        if !self.advertise.is_empty() && !self.advertise.contains(':') {
+            return bad("cluster.advertise", &format!("{:?} is not HOST:PORT", self.advertise));
+        }
+        if self.secret.len() < 16 {
+            return bad(
+                "cluster.secret",
+                "required when cluster.listen is set: at least 16 characters, the same on every node \
+                 (it authenticates the links between nodes)",
+            );
+        }
+        if self.link_timeout_ms < 100 {
+            return bad("cluster.link_timeout_ms", "must be at least 100");
         }
         Ok(())
     }

@@ -71,4 +71,4 @@ pub use client::{Client, PublishHandle, Received};
 pub use error::Error;
 pub use message::{Connected, Event, Message};
 pub use options::{ClientOptions, InMemory, QuicOptions, Reconnect, TlsOptions, Transport, Will};
-pub use tls::connect as tls_connect;
+pub use tls::{connect as tls_connect, AnyServer};

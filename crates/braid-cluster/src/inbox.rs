@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use braid_broker::broker::{Arrival, Broker, Holder};
 use braid_broker::message::RemoteId;
+use braid_broker::store::Ticket;
 use braid_proto::ByteString;
 use parking_lot::Mutex;
 
@@ -105,9 +106,9 @@ pub(crate) async fn run(
 pub(crate) struct Backlog {
     /// The entries' ids.
     pub ids: Vec<String>,
-    messages: Vec<Incoming>,
+    pub(crate) messages: Vec<Incoming>,
     /// The messages routed from them so far (see [`crate::store::RedisStore::routing`]).
-    routed: Vec<RemoteId>,
+    pub(crate) routed: Vec<RemoteId>,
 }
 
 /// Entries whose messages are all routed, to be acknowledged.
@@ -269,6 +270,20 @@ pub(crate) async fn route(
     source: Source<'_>,
     hold_relayed: bool,
 ) -> Vec<Holder> {
+    let (ticket, held) = route_now(shared, broker, backlog, source, hold_relayed);
+    shared.store.wait_durable(ticket).await;
+    held
+}
+
+/// Routes as [`route`] does without waiting: returns the store ticket that what they queued
+/// is durable at, and the sessions that hold the sender back.
+pub(crate) fn route_now(
+    shared: &Shared,
+    broker: &Broker,
+    backlog: &mut Backlog,
+    source: Source<'_>,
+    hold_relayed: bool,
+) -> (Ticket, Vec<Holder>) {
     let seen = match source {
         Source::Own => &shared.seen,
         Source::Gone(taken) => &taken.seen,
@@ -304,15 +319,14 @@ pub(crate) async fn route(
         ticket = ticket.max(published.ticket);
         held.extend(published.held);
     }
-    shared.store.wait_durable(ticket).await;
-    held
+    (ticket, held)
 }
 
 /// Sessions over their queue's limits hold the inbox back, as they would hold a publisher of
 /// their own node: what other nodes send waits in Redis meanwhile. Keeps those that still
 /// hold at `now`; one held since `since` for `slow_consumer` (if set) is evicted as a slow
 /// consumer, as on one node.
-fn still_held(held: &mut Vec<Holder>, since: Instant, slow_consumer: Duration, now: Instant) {
+pub(crate) fn still_held(held: &mut Vec<Holder>, since: Instant, slow_consumer: Duration, now: Instant) {
     held.retain(|h| {
         let blocks = h.session.lock().blocks_publishers_now();
         match h.paced_until {

@@ -44,6 +44,17 @@ impl Keys {
         format!("{}:nodes", self.prefix)
     }
 
+    /// Hash: node -> the address its links listen on (see [`crate::link`]).
+    pub(crate) fn links(&self) -> String {
+        format!("{}:links", self.prefix)
+    }
+
+    /// String: a fingerprint of the nodes' `cluster.secret` (see
+    /// [`crate::link::handshake::fingerprint`]).
+    pub(crate) fn secret(&self) -> String {
+        format!("{}:secret", self.prefix)
+    }
+
     /// Set: the filters `node`'s sessions subscribe to.
     pub(crate) fn routes(&self, node: &str) -> String {
         format!("{}:routes:{{{node}}}", self.prefix)

@@ -22,6 +22,7 @@ mod directory;
 mod heartbeat;
 mod inbox;
 mod keys;
+mod link;
 mod membership;
 mod reaper;
 mod redis;
@@ -115,6 +116,9 @@ struct Shared {
     /// inbox and routed here.
     forwarded: std::sync::atomic::AtomicU64,
     received: std::sync::atomic::AtomicU64,
+    /// The links to the other nodes (None with `cluster.listen` empty: everything through
+    /// Redis).
+    links: Option<Arc<link::Links>>,
 }
 
 impl Node {
@@ -132,6 +136,10 @@ impl Node {
         let keys = Keys::new(&config.key_prefix);
         let start_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
         let incarnation = format!("{}@{start_ms}", config.node);
+        let links = link::Links::bind(config)?.map(Arc::new);
+        if links.is_some() {
+            membership::check_secret(&mut conn, &keys, config).await?;
+        }
         membership::take_lease(&mut conn, &keys, config, &incarnation).await?;
         let (retained, retained_from) = retained::load(&mut conn, &keys).await?;
         info!(node = %config.node, redis = %redis.display(), retained = retained.len(), "joined the cluster's Redis");
@@ -158,6 +166,7 @@ impl Node {
             live: Mutex::new(Vec::new()),
             forwarded: std::sync::atomic::AtomicU64::new(0),
             received: std::sync::atomic::AtomicU64::new(0),
+            links,
         });
         Ok(Node { shared, writer, retained_from })
     }
@@ -187,6 +196,12 @@ impl Node {
             })
         };
         tokio::spawn(inbox::run(shared.clone(), broker.clone(), on_release).await?);
+        if let Some(links) = &shared.links {
+            info!(listen = %shared.config.listen, advertise = %links.advertise, "cluster: links listening");
+            tokio::spawn(link::accept(shared.clone(), broker.clone(), links.clone()));
+        } else {
+            warn!("cluster: cluster.listen is empty: no links between nodes, every message between them goes through Redis");
+        }
         tokio::spawn(retained::follow(shared.clone(), broker.clone(), self.retained_from));
         tokio::spawn(heartbeat::run(shared.clone(), broker.clone()));
         broker.add_report(Arc::new(report::Nodes(shared.clone())));

@@ -86,7 +86,11 @@ pub(crate) async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResul
         .arg(shared.config.lease_ms);
     let mut listed = redis::cmd("HSET");
     listed.arg(shared.keys.nodes()).arg(&shared.me).arg(&shared.incarnation);
-    let replies = conn.run_all(&[lease, listed]).await?;
+    let mut cmds = vec![lease, listed];
+    if let Some(links) = &shared.links {
+        cmds.push(redis::cmd("HSET").arg(shared.keys.links()).arg(&shared.me).arg(&links.advertise).clone());
+    }
+    let replies = conn.run_all(&cmds).await?;
     Ok(match replies.first().and_then(int) {
         Some(1) => Renewed::Held,
         Some(2) => Renewed::Lapsed,
@@ -104,6 +108,40 @@ pub(crate) async fn live_nodes(shared: &Shared, conn: &mut Conn) -> redis::Redis
         names.into_iter().zip(alive).filter(|(_, v)| int(v) == Some(1)).map(|(n, _)| n).collect();
     live.sort();
     Ok(live)
+}
+
+/// The address `node`'s links listen on, if it advertises one.
+pub(crate) async fn link_address(shared: &Shared, node: &str) -> redis::RedisResult<Option<String>> {
+    redis::cmd("HGET").arg(shared.keys.links()).arg(node).query_async(&mut shared.conn.clone()).await
+}
+
+/// Refuses a `cluster.secret` that is not the live nodes' (their fingerprint in Redis differs);
+/// else records this one's, for the nodes that start later.
+pub(crate) async fn check_secret(
+    conn: &mut Conn,
+    keys: &Keys,
+    config: &ClusterConfig,
+) -> Result<(), ClusterError> {
+    let redis_err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
+    let mine = crate::link::handshake::fingerprint(&config.secret);
+    let theirs: Option<String> =
+        redis::cmd("GET").arg(keys.secret()).query_async(conn).await.map_err(redis_err)?;
+    if theirs.as_deref().is_some_and(|t| t != mine) {
+        let names: Vec<String> =
+            redis::cmd("HKEYS").arg(keys.nodes()).query_async(conn).await.map_err(redis_err)?;
+        for n in names.iter().filter(|n| **n != config.node) {
+            let held: bool =
+                redis::cmd("EXISTS").arg(keys.lease(n)).query_async(conn).await.map_err(redis_err)?;
+            if held {
+                return Err(ClusterError::Config(format!(
+                    "cluster.secret: not the secret of the running nodes (node {n:?} has another): give every node the same secret"
+                )));
+            }
+        }
+    }
+    // No live node has another secret (a cluster restarted with a new one): this one counts.
+    let _: () = redis::cmd("SET").arg(keys.secret()).arg(&mine).query_async(conn).await.map_err(redis_err)?;
+    Ok(())
 }
 
 /// True if `node`'s lease is held.

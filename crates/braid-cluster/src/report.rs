@@ -30,6 +30,7 @@ impl Report for Nodes {
             live.push(shared.me.clone());
         }
         live.sort();
+        let links = shared.links.as_ref().map(|l| l.all()).unwrap_or_default();
         live.into_iter()
             .map(|name| {
                 let this = name == shared.me;
@@ -37,7 +38,15 @@ impl Report for Nodes {
                     (true, false) => "cut_off",
                     _ => "up",
                 };
-                serde_json::json!({ "name": name, "this_node": this, "state": state, "clustered": true })
+                // How this node reaches it: over a link, or through Redis.
+                let link = match links.iter().find(|l| l.node == name) {
+                    _ if this => None,
+                    Some(l) if l.is_up() => Some("up"),
+                    Some(_) => Some("down"),
+                    None if shared.links.is_some() => Some("idle"),
+                    None => Some("none"),
+                };
+                serde_json::json!({ "name": name, "this_node": this, "state": state, "clustered": true, "link": link })
             })
             .collect()
     }
@@ -61,9 +70,38 @@ impl Report for Nodes {
             "Messages handed to other nodes for their subscribers (one per node a message went to).",
             shared.forwarded.load(Ordering::Relaxed),
         ));
+        for link in shared.links.as_ref().map(|l| l.all()).unwrap_or_default() {
+            let (sent, fell_back, connects) = link.counts();
+            out.push(
+                Sample::gauge(
+                    "braid_cluster_link_up",
+                    "1 while the link to the peer is up.",
+                    f64::from(u8::from(link.is_up())),
+                )
+                .with("peer", link.node.clone()),
+            );
+            out.push(
+                Sample::counter("braid_cluster_link_messages_total", "Messages sent to the peer, by the way they went: over its link, or through its Redis inbox while the link could not carry them.", sent)
+                    .with("peer", link.node.clone())
+                    .with("path", "link"),
+            );
+            out.push(
+                Sample::counter("braid_cluster_link_messages_total", "Messages sent to the peer, by the way they went: over its link, or through its Redis inbox while the link could not carry them.", fell_back)
+                    .with("peer", link.node.clone())
+                    .with("path", "redis"),
+            );
+            out.push(
+                Sample::counter(
+                    "braid_cluster_link_connects_total",
+                    "Times the link to the peer came up.",
+                    connects,
+                )
+                .with("peer", link.node.clone()),
+            );
+        }
         out.push(Sample::counter(
             "braid_cluster_received_messages_total",
-            "Messages from other nodes taken from this node's inbox and routed here.",
+            "Messages from other nodes, over links or from this node's inbox, routed here.",
             shared.received.load(Ordering::Relaxed),
         ));
     }

@@ -14,22 +14,28 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use braid_broker::broker::Broker;
-use braid_broker::router::{Delivered, FilterChange, Forward, RemoteRef, RemoteSink};
+use braid_broker::router::{Confirm, Delivered, FilterChange, Forward, RemoteRef, RemoteSink};
 use braid_proto::{QoS, SubscriptionOptions};
 
+use crate::link::Link;
 use crate::membership;
 use crate::redis::bytes;
 use crate::streams::{last_id, position, read_log};
+use crate::wire;
 use crate::{log_failure, Shared};
+use bytes::Bytes;
 
-/// The remote subscriber that stands for another node: what it is sent goes to that node's
-/// inbox through the store's writer, so the publisher's acknowledgement waits for Redis. A
-/// relay (see [`relay`]) also passes on what other nodes forwarded here.
+/// The remote subscriber that stands for another node: what is published here goes over the
+/// link to that node (see [`crate::link`]), the publisher's acknowledgement waiting for the
+/// node's; without links, and for what other nodes forwarded here (a relay, see [`relay`], or
+/// a shared group's message passed on), to its inbox through the store's writer, the
+/// acknowledgement waiting for Redis.
 #[derive(Debug)]
 pub(crate) struct NodeSink {
     shared: Arc<Shared>,
     node: String,
     relay: bool,
+    link: Option<Arc<Link>>,
 }
 
 impl RemoteSink for NodeSink {
@@ -49,7 +55,25 @@ impl RemoteSink for NodeSink {
             return Delivered::queued(0);
         }
         self.shared.forwarded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Delivered::queued(self.shared.store.forward(&self.node, &self.shared.incarnation, &fwd, self.relay))
+        match &self.link {
+            // Published here: over the link. What came from another node keeps the inbox's
+            // path, whose reader waits for the store's ticket before acknowledging its entry.
+            Some(link) if fwd.msg.remote_id.is_none() => {
+                let record = Bytes::from(wire::record(&self.shared.incarnation, &fwd, false));
+                if fwd.msg.qos == QoS::AtMostOnce {
+                    link.send(record);
+                    return Delivered::queued(0);
+                }
+                let confirm = Confirm::new(link.send_confirmed(&self.shared, record));
+                Delivered { confirm: Some(confirm), ..Delivered::queued(0) }
+            }
+            _ => Delivered::queued(self.shared.store.forward(
+                &self.node,
+                &self.shared.incarnation,
+                &fwd,
+                self.relay,
+            )),
+        }
     }
 }
 
@@ -186,8 +210,10 @@ fn sink(shared: &Arc<Shared>, broker: &Broker, node: &str) -> RemoteRef {
 }
 
 fn node_sink(shared: &Arc<Shared>, broker: &Broker, node: &str, relay: bool) -> RemoteRef {
-    let make =
-        || broker.remote_sink(Arc::new(NodeSink { shared: shared.clone(), node: node.to_string(), relay }));
+    let make = || {
+        let link = shared.links.as_ref().filter(|_| !relay).map(|l| l.to(shared, broker, node));
+        broker.remote_sink(Arc::new(NodeSink { shared: shared.clone(), node: node.to_string(), relay, link }))
+    };
     shared.sinks.lock().entry((node.to_string(), relay)).or_insert_with(make).clone()
 }
 

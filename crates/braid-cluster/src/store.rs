@@ -274,7 +274,12 @@ impl RedisStore {
 
     /// Queues `fwd` for `node`'s inbox (`relayed`: passed on by a relay); returns its ticket.
     pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward, relayed: bool) -> Ticket {
-        let (inbox, record) = (self.keys.inbox(node), wire::record(incarnation, fwd, relayed));
+        self.forward_record(node, wire::record(incarnation, fwd, relayed))
+    }
+
+    /// Queues a message already made a [`wire::record`] for `node`'s inbox; returns its ticket.
+    pub(crate) fn forward_record(&self, node: &str, record: Vec<u8>) -> Ticket {
+        let inbox = self.keys.inbox(node);
         self.queue(|ticket| Job::Forward { ticket, inbox, record })
     }
 

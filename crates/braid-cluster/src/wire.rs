@@ -53,6 +53,11 @@ impl Pack {
         self.0.len()
     }
 
+    /// The packed bytes, as a link frame carries them (see [`crate::link`]).
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+
     /// XADD of the packed messages to `inbox`.
     pub(crate) fn into_cmd(self, inbox: &str) -> Cmd {
         let mut cmd = redis::cmd("XADD");
@@ -130,7 +135,7 @@ const PLAIN: u8 = 1;
 const RELAYED: u8 = 2;
 
 /// The messages of a [`Pack`].
-fn unpack(mut packed: &[u8]) -> Result<Vec<Incoming>, String> {
+pub(crate) fn unpack(mut packed: &[u8]) -> Result<Vec<Incoming>, String> {
     let mut out = Vec::new();
     while !packed.is_empty() {
         let mut record = take(&mut packed)?;
@@ -154,13 +159,13 @@ fn unpack(mut packed: &[u8]) -> Result<Vec<Incoming>, String> {
 }
 
 /// Appends `b`, prefixed by its length.
-fn put(out: &mut Vec<u8>, b: &[u8]) {
+pub(crate) fn put(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_le_bytes());
     out.extend_from_slice(b);
 }
 
 /// Takes what [`put`] wrote from the front of `input`.
-fn take<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], String> {
+pub(crate) fn take<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], String> {
     let len = u32::from_le_bytes(take_n(input)?) as usize;
     if input.len() < len {
         return Err("a packed message is cut short".into());
@@ -170,12 +175,13 @@ fn take<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], String> {
     Ok(b)
 }
 
-fn take_text(input: &mut &[u8]) -> Result<String, String> {
+/// Takes what [`put`] wrote from the front of `input`, as UTF-8 text.
+pub(crate) fn take_text(input: &mut &[u8]) -> Result<String, String> {
     String::from_utf8(take(input)?.to_vec()).map_err(|_| "a packed field is not UTF-8".to_string())
 }
 
 /// Takes `N` bytes from the front of `input`.
-fn take_n<const N: usize>(input: &mut &[u8]) -> Result<[u8; N], String> {
+pub(crate) fn take_n<const N: usize>(input: &mut &[u8]) -> Result<[u8; N], String> {
     let (head, rest) = input.split_first_chunk::<N>().ok_or("a packed message is cut short")?;
     *input = rest;
     Ok(*head)

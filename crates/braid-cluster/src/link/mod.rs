@@ -1,0 +1,171 @@
+//! Node links: live messages go from node to node directly, not through Redis.
+//!
+//! Each node listens on `cluster.listen` (QUIC) and advertises its address in Redis beside its
+//! lease. For every other live node it keeps one outgoing link ([`Link`], driven by
+//! [`outgoing`]): a control stream, on which the two prove the cluster's secret
+//! ([`handshake`]) and the peer sends its acknowledgements, and a bulk stream of frames, each
+//! the messages the link had waiting, packed as an inbox entry packs them ([`crate::wire`]).
+//! Acknowledgements travel on the other side's control stream, never behind bulk data.
+//!
+//! The peer ([`incoming`]) routes each message as its inbox reader would, and acknowledges it
+//! once what it queued is as safe as a single node makes it (written to Redis for persistent
+//! sessions, queued for clean ones). A QoS 1/2 publisher's acknowledgement waits for that. If
+//! the link is down, or the peer stays silent for `cluster.link_timeout_ms` while messages
+//! wait, those messages go to the peer's Redis inbox instead (the fallback), and the peer drops
+//! what reaches it both ways by the sender's incarnation and number.
+
+mod endpoint;
+pub(crate) mod handshake;
+mod incoming;
+mod outgoing;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+use braid_broker::broker::Broker;
+use braid_broker::config::ClusterConfig;
+use braid_proto::ReasonCode;
+
+use crate::{ClusterError, Shared};
+
+pub(crate) use incoming::accept;
+
+/// Largest frame a link accepts: a sender closes a frame at [`FRAME_BYTES`], but one message
+/// may be larger.
+const MAX_FRAME: usize = 300 << 20;
+
+/// A sender closes a frame once it holds this many bytes.
+const FRAME_BYTES: usize = 256 << 10;
+
+/// The links of this node: its endpoint, the address it advertises and a link per peer.
+#[derive(Debug)]
+pub(crate) struct Links {
+    endpoint: quinn::Endpoint,
+    /// What other nodes dial.
+    pub advertise: String,
+    by_node: Mutex<HashMap<String, Arc<Link>>>,
+}
+
+impl Links {
+    /// Binds `cluster.listen`, or None if it is empty (no links: everything through Redis).
+    pub(crate) fn bind(config: &ClusterConfig) -> Result<Option<Links>, ClusterError> {
+        if config.listen.is_empty() {
+            return Ok(None);
+        }
+        let endpoint = endpoint::bind(config)?;
+        let bound =
+            endpoint.local_addr().map_err(|e| ClusterError::Config(format!("cluster.listen: {e}")))?;
+        let advertise = endpoint::advertise(config, bound)?;
+        Ok(Some(Links { endpoint, advertise, by_node: Mutex::new(HashMap::new()) }))
+    }
+
+    /// The link to `node`, made (and its task started) on first use.
+    pub(crate) fn to(&self, shared: &Arc<Shared>, broker: &Broker, node: &str) -> Arc<Link> {
+        self.by_node
+            .lock()
+            .entry(node.to_string())
+            .or_insert_with(|| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let link = Arc::new(Link::new(node, tx));
+                tokio::spawn(outgoing::run(
+                    shared.clone(),
+                    broker.shutdown.clone(),
+                    self.endpoint.clone(),
+                    link.clone(),
+                    rx,
+                ));
+                link
+            })
+            .clone()
+    }
+
+    /// Every link, for reports.
+    pub(crate) fn all(&self) -> Vec<Arc<Link>> {
+        let mut links: Vec<Arc<Link>> = self.by_node.lock().values().cloned().collect();
+        links.sort_by(|a, b| a.node.cmp(&b.node));
+        links
+    }
+}
+
+/// A message for a link: its record (see [`crate::wire::record`]) and, for QoS 1/2, who
+/// waits for the peer's acknowledgement (dropped unacknowledged: the message goes through
+/// Redis).
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    record: Bytes,
+    ack: Option<oneshot::Sender<()>>,
+}
+
+/// The link to one peer, as the node's router uses it: whatever is sent goes over the link
+/// while it is up, through the peer's Redis inbox while it is not.
+#[derive(Debug)]
+pub(crate) struct Link {
+    /// The peer.
+    pub node: String,
+    tx: mpsc::UnboundedSender<Outgoing>,
+    up: AtomicBool,
+    /// Messages sent over the link, and sent through Redis instead.
+    sent: AtomicU64,
+    fell_back: AtomicU64,
+    /// Times the link came up.
+    connects: AtomicU64,
+}
+
+impl Link {
+    fn new(node: &str, tx: mpsc::UnboundedSender<Outgoing>) -> Link {
+        Link {
+            node: node.to_string(),
+            tx,
+            up: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
+            fell_back: AtomicU64::new(0),
+            connects: AtomicU64::new(0),
+        }
+    }
+
+    /// Sends a QoS 0 message's `record`: no acknowledgement, at most once.
+    pub(crate) fn send(&self, record: Bytes) {
+        let _ = self.tx.send(Outgoing { record, ack: None });
+    }
+
+    /// Sends a QoS 1/2 message's `record`; resolves once the peer acknowledged it or, when
+    /// the link could not deliver it, once it is in the peer's Redis inbox.
+    pub(crate) fn send_confirmed(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        record: Bytes,
+    ) -> impl std::future::Future<Output = ReasonCode> + Send + 'static {
+        let (ack, acked) = oneshot::channel();
+        let _ = self.tx.send(Outgoing { record: record.clone(), ack: Some(ack) });
+        let (link, shared) = (self.clone(), shared.clone());
+        async move {
+            if acked.await.is_err() {
+                link.fell_back.fetch_add(1, Ordering::Relaxed);
+                let ticket = shared.store.forward_record(&link.node, record.to_vec());
+                shared.store.wait_durable(ticket).await;
+            }
+            ReasonCode::Success
+        }
+    }
+
+    /// True while the link is up.
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// (sent over the link, sent through Redis instead, times it came up).
+    pub(crate) fn counts(&self) -> (u64, u64, u64) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (get(&self.sent), get(&self.fell_back), get(&self.connects))
+    }
+}
+
+/// The framing of both streams: a 4-byte length, then the frame.
+fn codec() -> tokio_util::codec::LengthDelimitedCodec {
+    tokio_util::codec::LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).new_codec()
+}
