@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import BRAID_BIN, free_port
+from conftest import BRAID_BIN, CLUSTER_SECRET, free_port
 from helpers import (MQTTv311, MQTTv5, PacketTypes, connect_client, unique, v5_properties,
                      wait_until)
 from redisproc import RedisServer
@@ -672,6 +672,7 @@ def _start_failing_node(url, secrets=()):
     cmd = [BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
            "--set", f'store.data_dir="{tempfile.mkdtemp(prefix="braid-data-")}"',
            "--set", "cluster.enabled=true", "--set", 'cluster.node="intruder"',
+           "--set", 'cluster.listen="127.0.0.1:0"', "--set", f'cluster.secret="{CLUSTER_SECRET}"',
            "--set", f'cluster.redis="{url}"', "--set", "cluster.lease_ms=3000"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)

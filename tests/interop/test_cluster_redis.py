@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import BRAID_BIN, free_port
+from conftest import BRAID_BIN, CLUSTER_SECRET, free_port
 from clusterutil import PROBE, wait_routed
 from helpers import MQTTv311, MQTTv5, connect_client, unique, wait_until
 from pki import Pki
@@ -268,6 +268,7 @@ def test_redis_over_tls_with_the_wrong_ca_refuses_to_start(tls_redis):
     cmd = [BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
            "--set", f'store.data_dir="{tempfile.mkdtemp(prefix="braid-data-")}"',
            "--set", "cluster.enabled=true", "--set", 'cluster.node="stranger"',
+           "--set", 'cluster.listen="127.0.0.1:0"', "--set", f'cluster.secret="{CLUSTER_SECRET}"',
            "--set", f'cluster.redis="{tls_redis.url}"', "--set", "cluster.lease_ms=3000",
            "--set", f'cluster.ca_file="{tls_redis.pki.path("stranger.pem")}"']
     t0 = time.monotonic()
