@@ -6,7 +6,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 
-use braid_proto::ReasonCode;
+use braid_proto::{ByteString, ReasonCode};
 
 /// The future of a claim.
 pub type Claiming<'a> = Pin<Box<dyn Future<Output = Result<(), ReasonCode>> + Send + 'a>>;
@@ -39,4 +39,8 @@ pub trait Directory: Send + Sync + Debug {
     /// `client_id`'s session ended here (its expiry passed, or it was not persistent and its
     /// connection closed): the claim may go.
     fn ended(&self, client_id: &str);
+
+    /// Where a client this broker refuses with 0x9C (Use another server) should connect
+    /// instead, if the cluster knows a node that serves: a v5 CONNACK's Server Reference.
+    fn server_reference(&self) -> Option<ByteString>;
 }

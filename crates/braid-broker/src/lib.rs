@@ -7,6 +7,7 @@
 //! together.
 
 pub mod auth;
+pub mod balance;
 pub mod broker;
 pub mod config;
 pub mod connection;

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use braid_broker::broker::Broker;
-use braid_broker::router::{Confirm, Delivered, FilterChange, Forward, RemoteRef, RemoteSink};
+use braid_broker::router::{Delivered, FilterChange, Forward, RemoteRef, RemoteSink};
 use braid_proto::{QoS, SubscriptionOptions};
 
 use crate::link::Link;
@@ -64,8 +64,7 @@ impl RemoteSink for NodeSink {
                     link.send(record);
                     return Delivered::queued(0);
                 }
-                let confirm = Confirm::new(link.send_confirmed(&self.shared, record));
-                Delivered { confirm: Some(confirm), ..Delivered::queued(0) }
+                Delivered { confirm: Some(link.send_confirmed(&self.shared, record)), ..Delivered::queued(0) }
             }
             _ => Delivered::queued(self.shared.store.forward(
                 &self.node,

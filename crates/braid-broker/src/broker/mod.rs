@@ -36,6 +36,7 @@ use braid_proto::topic::{parse_shared, valid_topic_filter};
 use braid_proto::ConnAck;
 
 use crate::auth::Security;
+use crate::balance::Balancer;
 use crate::config::Config;
 use crate::control::{ConnControl, LivenessTable};
 use crate::directory::Directory;
@@ -95,6 +96,8 @@ pub struct Broker {
     started_unix: u64,
     /// The cluster-wide session directory, when this broker is a node of a cluster.
     directory: OnceLock<Arc<dyn Directory>>,
+    /// Drains and rebalances of the cluster's connections, when this broker is a node of one.
+    balancer: OnceLock<Arc<dyn Balancer>>,
     /// The parts of the node that report to operators (bridges, the cluster membership).
     reports: RwLock<Vec<Arc<dyn Report>>>,
     /// Packet traces started by operators.
@@ -231,6 +234,7 @@ impl Broker {
             timers_changed: Notify::new(),
             store,
             directory: OnceLock::new(),
+            balancer: OnceLock::new(),
             reports: RwLock::new(Vec::new()),
             tracer: Tracer::default(),
         });
@@ -246,6 +250,17 @@ impl Broker {
     /// The cluster-wide session directory, if this broker is a node of a cluster.
     pub fn directory(&self) -> Option<&Arc<dyn Directory>> {
         self.directory.get()
+    }
+
+    /// Makes this broker's cluster drain and rebalance through `balancer` (set once, at the
+    /// cluster's start).
+    pub fn set_balancer(&self, balancer: Arc<dyn Balancer>) {
+        let _ = self.balancer.set(balancer);
+    }
+
+    /// Drains and rebalances of the cluster, if this broker is a node of one.
+    pub fn balancer(&self) -> Option<&Arc<dyn Balancer>> {
+        self.balancer.get()
     }
 
     /// Milliseconds from the start to `now`: the clock of connection activity.

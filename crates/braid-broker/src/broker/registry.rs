@@ -287,6 +287,43 @@ impl Broker {
         Some((persist.map_or(0, |p| p.ticket), filters))
     }
 
+    /// The client ids of the connections attached here and not closing, in-process clients (a
+    /// bridge's) left out: the connections a cluster may move to its other nodes.
+    pub fn connected_clients(&self) -> Vec<ByteString> {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
+        sessions
+            .iter()
+            .filter(|s| !s.node_local() && s.lock().link.as_ref().is_some_and(|l| !l.ctl.is_closed()))
+            .map(|s| s.client_id.clone())
+            .collect()
+    }
+
+    /// Sends away the connections of `client_ids` that are attached and not closing: each is
+    /// closed with `reason` and `detail`, and a v5 client is told to connect to the server that
+    /// `server_reference` names for it (DISCONNECT's Server Reference; asked once per connection
+    /// closed). Its session stays, as its expiry says, for its client to resume elsewhere. No
+    /// I/O here, and no lock held for more than one lookup: each connection's task sends its
+    /// DISCONNECT, so a caller paces its calls. Returns how many it closed.
+    pub fn send_away(
+        &self,
+        client_ids: &[ByteString],
+        reason: ReasonCode,
+        detail: &'static str,
+        mut server_reference: impl FnMut() -> Option<ByteString>,
+    ) -> usize {
+        let mut closed = 0;
+        for client_id in client_ids {
+            match self.attached(client_id) {
+                Some(ctl) if !ctl.is_closed() => {
+                    ctl.close_to(reason, detail, server_reference());
+                    closed += 1;
+                }
+                _ => {}
+            }
+        }
+        closed
+    }
+
     /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was
     /// cancelled, so connections attaching later close themselves).
     pub fn close_all(&self, reason: ReasonCode) {
@@ -296,5 +333,56 @@ impl Broker {
                 link.ctl.close(reason);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use braid_proto::{ByteString, Connect, Packet, Properties, ProtocolVersion, ReasonCode};
+
+    use crate::harness::Harness;
+    use crate::{Broker, Config};
+
+    fn connect(client_id: &str, protocol: ProtocolVersion) -> Connect {
+        let mut properties = Properties::default();
+        properties.session_expiry_interval = protocol.is_v5().then_some(300);
+        Connect {
+            protocol,
+            clean_start: false,
+            keep_alive: 0,
+            properties,
+            client_id: client_id.into(),
+            will: None,
+            username: None,
+            password: None,
+        }
+    }
+
+    #[test]
+    fn connections_sent_away_get_0x9c_with_their_server_reference_and_keep_their_sessions() {
+        let broker = Broker::new(Config::embedded());
+        let mut h = Harness::new(&broker);
+        let (v5, _) = h.connect(connect("v5", ProtocolVersion::V5));
+        let (v3, _) = h.connect(connect("v3", ProtocolVersion::V3_1_1));
+        let (other, _) = h.connect(connect("other", ProtocolVersion::V5));
+        let mut listed = broker.connected_clients();
+        listed.sort();
+        assert_eq!(listed, ["other", "v3", "v5"]);
+
+        let mut targets = ["b:1883", "c:1883"].into_iter().map(ByteString::from);
+        let ids = [ByteString::from("v5"), "v3".into(), "nobody".into()];
+        let closed = broker.send_away(&ids, ReasonCode::UseAnotherServer, "draining", || targets.next());
+        assert_eq!(closed, 2, "the two attached connections; no session of nobody");
+        let Some(Packet::Disconnect(d)) = h.received(v5).pop() else { panic!("no DISCONNECT") };
+        assert_eq!(d.reason, ReasonCode::UseAnotherServer);
+        assert_eq!(d.properties.server_reference.as_deref(), Some("b:1883"));
+        assert_eq!(d.properties.reason_string.as_deref(), Some("draining"));
+        assert!(h.received(v3).is_empty(), "a 3.1.1 client is closed without DISCONNECT");
+        assert_eq!(h.closed(v3), Some(ReasonCode::UseAnotherServer));
+        assert_eq!(h.closed(other), None);
+        assert_eq!(broker.connected_clients(), ["other"]);
+        assert!(broker.has_session("v5") && broker.has_session("v3"), "persistent sessions stay");
+        let again = broker.send_away(&ids, ReasonCode::UseAnotherServer, "draining", || None);
+        assert_eq!(again, 0, "closed already");
     }
 }

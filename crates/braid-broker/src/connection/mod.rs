@@ -131,13 +131,8 @@ where
         Ok(Err(FirstPacket::Eof)) => return None,
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing connection: {why}");
-            Box::pin(refuse_lingering(
-                rd,
-                wr,
-                ProtocolVersion::V3_1_1,
-                ReasonCode::UnsupportedProtocolVersion,
-            ))
-            .await;
+            let version = ProtocolVersion::V3_1_1;
+            Box::pin(refuse_lingering(rd, wr, version, ReasonCode::UnsupportedProtocolVersion, None)).await;
             return None;
         }
         Ok(Err(FirstPacket::Close(why))) => {
@@ -150,7 +145,7 @@ where
     let (accepted, connack, acl) = match admit(broker, &connect, &via, peer).await {
         Ok(a) => a,
         Err(reason) => {
-            Box::pin(refuse_lingering(rd, wr, version, reason)).await;
+            Box::pin(refuse_lingering(rd, wr, version, reason, elsewhere(broker, reason))).await;
             return None;
         }
     };
@@ -337,10 +332,12 @@ pub(crate) async fn refuse<W: AsyncWrite + Unpin>(
     wr: &mut W,
     version: ProtocolVersion,
     reason: ReasonCode,
+    server_reference: Option<ByteString>,
 ) -> bool {
     let mut buf = BytesMut::new();
     let properties = Properties::from(braid_proto::PropertyValues {
         reason_string: Some(reason.description().into()),
+        server_reference,
         ..Default::default()
     });
     let ack = ConnAck { session_present: false, reason, properties };
@@ -349,13 +346,27 @@ pub(crate) async fn refuse<W: AsyncWrite + Unpin>(
 }
 
 /// [`refuse`] on a byte stream, then [`linger`].
-async fn refuse_lingering<R, W>(rd: &mut R, wr: &mut W, version: ProtocolVersion, reason: ReasonCode)
-where
+async fn refuse_lingering<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    version: ProtocolVersion,
+    reason: ReasonCode,
+    server_reference: Option<ByteString>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    if refuse(wr, version, reason).await {
+    if refuse(wr, version, reason, server_reference).await {
         linger(rd).await;
+    }
+}
+
+/// Where a client refused with `reason` should connect instead (a v5 CONNACK's Server
+/// Reference): for 0x9C (Use another server), the node the cluster suggests, if it knows one.
+pub(crate) fn elsewhere(broker: &Broker, reason: ReasonCode) -> Option<ByteString> {
+    match reason {
+        ReasonCode::UseAnotherServer => broker.directory()?.server_reference(),
+        _ => None,
     }
 }
 
@@ -625,6 +636,7 @@ pub(crate) fn closing_disconnect(ctl: &ConnControl, version: ProtocolVersion) ->
     }
     let properties = Properties::from(braid_proto::PropertyValues {
         reason_string: Some(detail.as_ref().into()),
+        server_reference: ctl.server_reference(),
         ..Default::default()
     });
     Closing::Send(Packet::Disconnect(Disconnect { reason, properties }))

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use once_cell::race::OnceBox;
 
-use braid_proto::ReasonCode;
+use braid_proto::{ByteString, ReasonCode};
 
 pub use liveness::{Due, LivenessTable};
 pub use parking::Unpark;
@@ -37,12 +37,20 @@ use signal::Signal;
 /// DISCONNECT's Reason String.
 pub type CloseReason = (ReasonCode, Cow<'static, str>);
 
+/// A close request: its reason and, when the client should connect elsewhere, where (the v5
+/// DISCONNECT's Server Reference).
+#[derive(Debug)]
+struct Close {
+    reason: CloseReason,
+    server_reference: Option<ByteString>,
+}
+
 /// Control block of one connection. The first close reason given wins; the connection sends it
 /// in a v5 DISCONNECT before closing the socket.
 #[derive(Debug)]
 pub struct ConnControl {
     signal: Signal,
-    reason: OnceBox<CloseReason>,
+    reason: OnceBox<Close>,
     live: Entry<ConnControl>,
     parking: Parking,
     handover: Handover,
@@ -90,7 +98,18 @@ impl ConnControl {
 
     /// Asks the connection to close with `reason`, explained by `detail`.
     pub fn close_because(&self, reason: ReasonCode, detail: impl Into<Cow<'static, str>>) {
-        let _ = self.reason.set(Box::new((reason, detail.into())));
+        self.close_to(reason, detail, None);
+    }
+
+    /// Asks the connection to close with `reason`, explained by `detail`, telling a v5 client to
+    /// connect to `server_reference` instead (DISCONNECT's Server Reference), if given.
+    pub fn close_to(
+        &self,
+        reason: ReasonCode,
+        detail: impl Into<Cow<'static, str>>,
+        server_reference: Option<ByteString>,
+    ) {
+        let _ = self.reason.set(Box::new(Close { reason: (reason, detail.into()), server_reference }));
         self.live.set(CLOSED);
         self.wake();
     }
@@ -102,15 +121,20 @@ impl ConnControl {
 
     /// Why the connection closes (server shutdown when no one said).
     pub fn reason(&self) -> ReasonCode {
-        self.reason.get().map_or(ReasonCode::ServerShuttingDown, |r| r.0)
+        self.reason.get().map_or(ReasonCode::ServerShuttingDown, |c| c.reason.0)
     }
 
     /// Why the connection closes, with its detail.
     pub fn reason_with_detail(&self) -> CloseReason {
         self.reason
             .get()
-            .cloned()
+            .map(|c| c.reason.clone())
             .unwrap_or((ReasonCode::ServerShuttingDown, Cow::Borrowed("server shutting down")))
+    }
+
+    /// Where the client should connect instead, if the close named a server.
+    pub fn server_reference(&self) -> Option<ByteString> {
+        self.reason.get().and_then(|c| c.server_reference.clone())
     }
 
     // ---- activity ----
@@ -236,5 +260,15 @@ mod tests {
         assert_eq!(ctl.reason(), ReasonCode::KeepAliveTimeout);
         ctl.close(ReasonCode::SessionTakenOver);
         assert_eq!(ctl.reason(), ReasonCode::KeepAliveTimeout, "the first reason wins");
+        assert_eq!(ctl.server_reference(), None);
+    }
+
+    #[test]
+    fn a_close_can_name_another_server_and_the_first_close_still_wins() {
+        let ctl = ConnControl::new(&LivenessTable::default(), 0, 0);
+        ctl.close_to(ReasonCode::UseAnotherServer, "draining", Some("10.0.0.6:1883".into()));
+        ctl.close_to(ReasonCode::AdministrativeAction, "kicked", Some("elsewhere:1".into()));
+        assert_eq!(ctl.reason_with_detail(), (ReasonCode::UseAnotherServer, Cow::Borrowed("draining")));
+        assert_eq!(ctl.server_reference().as_deref(), Some("10.0.0.6:1883"));
     }
 }

@@ -29,6 +29,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use braid_broker::broker::Broker;
 use braid_broker::config::ClusterConfig;
+use braid_broker::router::Confirm;
+use braid_broker::store::Ticket;
 use braid_proto::ReasonCode;
 
 use crate::{ClusterError, Shared};
@@ -93,12 +95,12 @@ impl Links {
 }
 
 /// A message for a link: its record (see [`crate::wire::record`]) and, for QoS 1/2, who
-/// waits for the peer's acknowledgement (dropped unacknowledged: the message goes through
-/// Redis).
+/// waits for it to be safe: told 0 once the peer acknowledged it, or the store ticket of its
+/// write to the peer's Redis inbox when the link could not carry it.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
     record: Bytes,
-    ack: Option<oneshot::Sender<()>>,
+    ack: Option<oneshot::Sender<Ticket>>,
 }
 
 /// The link to one peer, as the node's router uses it: whatever is sent goes over the link
@@ -133,24 +135,23 @@ impl Link {
         let _ = self.tx.send(Outgoing { record, ack: None });
     }
 
-    /// Sends a QoS 1/2 message's `record`; resolves once the peer acknowledged it or, when
-    /// the link could not deliver it, once it is in the peer's Redis inbox.
-    pub(crate) fn send_confirmed(
-        self: &Arc<Self>,
-        shared: &Arc<Shared>,
-        record: Bytes,
-    ) -> impl std::future::Future<Output = ReasonCode> + Send + 'static {
+    /// Sends a QoS 1/2 message's `record`; the confirmation resolves once the peer
+    /// acknowledged it or, when the link could not carry it, once it is in the peer's Redis
+    /// inbox.
+    pub(crate) fn send_confirmed(&self, shared: &Arc<Shared>, record: Bytes) -> Confirm {
         let (ack, acked) = oneshot::channel();
-        let _ = self.tx.send(Outgoing { record: record.clone(), ack: Some(ack) });
-        let (link, shared) = (self.clone(), shared.clone());
-        async move {
-            if acked.await.is_err() {
-                link.fell_back.fetch_add(1, Ordering::Relaxed);
-                let ticket = shared.store.forward_record(&link.node, record.to_vec());
-                shared.store.wait_durable(ticket).await;
+        let _ = self.tx.send(Outgoing { record, ack: Some(ack) });
+        let shared = shared.clone();
+        Confirm::new(async move {
+            match acked.await {
+                Ok(ticket) => {
+                    shared.store.wait_durable(ticket).await;
+                    ReasonCode::Success
+                }
+                // The link's task is gone (it hands everything on before it ends).
+                Err(_) => ReasonCode::UnspecifiedError,
             }
-            ReasonCode::Success
-        }
+        })
     }
 
     /// True while the link is up.

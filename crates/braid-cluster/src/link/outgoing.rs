@@ -1,8 +1,8 @@
-//! The sending side of a link: dials the peer while it is live, proves the secret, and sends
-//! what the router hands the link, many messages per frame, keeping those that wait for an
-//! acknowledgement until the peer's cumulative count covers them. While the link is down,
-//! what comes goes through the peer's Redis inbox: a QoS 0 message here, a QoS 1/2 one by its
-//! publisher's confirmation (see [`super::Link::send_confirmed`]).
+//! The sending side of a link: dials the peer, proves the secret, and sends what the router
+//! hands the link, many messages per frame, keeping those that wait for an acknowledgement
+//! until the peer's cumulative count covers them. When the link fails, those go to the peer's
+//! Redis inbox, and so does whatever comes while it is down; each QoS 1/2 message's
+//! confirmation then waits for that write (see [`super::Link::send_confirmed`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -36,35 +36,39 @@ pub(crate) async fn run(
     let mut failing: Option<String> = None;
     loop {
         if shutdown.is_cancelled() {
-            return;
+            break;
         }
-        let live = shared.live.lock().contains(&link.node);
-        if live {
-            match dial(&shared, &endpoint, &link).await {
-                Ok((conn, control)) => {
-                    backoff = Duration::from_millis(50);
-                    failing = None;
-                    link.up.store(true, Ordering::Relaxed);
-                    link.connects.fetch_add(1, Ordering::Relaxed);
-                    info!(peer = %link.node, "cluster: link up");
-                    let why = forward(&shared, &shutdown, &link, &conn, control, &mut rx).await;
-                    link.up.store(false, Ordering::Relaxed);
-                    conn.close(0u32.into(), why.as_bytes());
-                    if shutdown.is_cancelled() {
-                        return;
-                    }
-                    warn!(peer = %link.node, "cluster: link down ({why}); messages go through its Redis inbox until it is back");
+        match dial(&shared, &endpoint, &link).await {
+            Ok((conn, control)) => {
+                backoff = Duration::from_millis(50);
+                failing = None;
+                link.up.store(true, Ordering::Relaxed);
+                link.connects.fetch_add(1, Ordering::Relaxed);
+                info!(peer = %link.node, "cluster: link up");
+                let (why, waiting) = forward(&shared, &shutdown, &link, &conn, control, &mut rx).await;
+                link.up.store(false, Ordering::Relaxed);
+                conn.close(0u32.into(), why.as_bytes());
+                for item in waiting {
+                    through_redis(&shared, &link, item);
                 }
-                Err(e) => {
-                    if failing.as_deref() != Some(&e) {
-                        warn!(peer = %link.node, "cluster: cannot link to the node ({e}); messages go through its Redis inbox meanwhile");
-                        failing = Some(e);
-                    }
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                warn!(peer = %link.node, "cluster: link down ({why}); messages go through its Redis inbox until it is back");
+            }
+            Err(e) => {
+                if failing.as_deref() != Some(&e) {
+                    warn!(peer = %link.node, "cluster: cannot link to the node ({e}); messages go through its Redis inbox meanwhile");
+                    failing = Some(e);
+                }
+                // A node that is gone is tried less often (its routes go once it is taken over).
+                if !shared.live.lock().contains(&link.node) {
+                    backoff = MAX_BACKOFF;
                 }
             }
         }
         // Down: what comes meanwhile goes through Redis.
-        let wait = tokio::time::sleep(if live { backoff } else { Duration::from_millis(250) });
+        let wait = tokio::time::sleep(backoff);
         tokio::pin!(wait);
         loop {
             tokio::select! {
@@ -73,19 +77,26 @@ pub(crate) async fn run(
                     Some(item) => through_redis(&shared, &link, item),
                     None => return,
                 },
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => break,
             }
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+    // Shutting down: what is left goes through Redis (the store writes it out before the node
+    // leaves).
+    rx.close();
+    while let Some(item) = rx.recv().await {
+        through_redis(&shared, &link, item);
+    }
 }
 
-/// A message the link cannot carry: a QoS 0 one goes to the peer's inbox here; a QoS 1/2
-/// one's confirmation does that when its acknowledgement is dropped.
+/// A message the link cannot carry goes to the peer's inbox; its confirmation, if any, waits
+/// for that write.
 fn through_redis(shared: &Shared, link: &Link, item: Outgoing) {
-    if item.ack.is_none() {
-        link.fell_back.fetch_add(1, Ordering::Relaxed);
-        shared.store.forward_record(&link.node, item.record.to_vec());
+    link.fell_back.fetch_add(1, Ordering::Relaxed);
+    let ticket = shared.store.forward_record(&link.node, item.record.to_vec());
+    if let Some(ack) = item.ack {
+        let _ = ack.send(ticket);
     }
 }
 
@@ -155,15 +166,31 @@ fn refusal(conn: &quinn::Connection) -> String {
     }
 }
 
-/// Sends what comes over `conn` until the link fails; returns why. Messages waiting for an
-/// acknowledgement when it fails are dropped here: their confirmations send them through Redis.
+/// Sends what comes over `conn` until the link fails; returns why, and the messages that were
+/// waiting for an acknowledgement then.
 async fn forward(
+    shared: &Shared,
+    shutdown: &CancellationToken,
+    link: &Link,
+    conn: &quinn::Connection,
+    control: Control,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+) -> (String, Vec<Outgoing>) {
+    let mut waiting: VecDeque<(u64, Outgoing)> = VecDeque::new();
+    let why = send_frames(shared, shutdown, link, conn, control, rx, &mut waiting).await;
+    (why, waiting.into_iter().map(|(_, item)| item).collect())
+}
+
+/// The body of [`forward`]: `waiting` holds what was sent and not acknowledged, by its count on
+/// the link.
+async fn send_frames(
     shared: &Shared,
     shutdown: &CancellationToken,
     link: &Link,
     conn: &quinn::Connection,
     (control, mut acks): Control,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    waiting: &mut VecDeque<(u64, Outgoing)>,
 ) -> String {
     let bulk = match conn.open_uni().await {
         Ok(s) => s,
@@ -171,8 +198,6 @@ async fn forward(
     };
     let _ = bulk.set_priority(0);
     let mut bulk = FramedWrite::new(bulk, codec());
-    // Sent and not acknowledged yet, by their count on the link.
-    let mut waiting: VecDeque<(u64, oneshot::Sender<()>)> = VecDeque::new();
     let mut sent = 0u64;
     let mut heard = Instant::now();
     let timeout = Duration::from_millis(shared.config.link_timeout_ms);
@@ -189,8 +214,8 @@ async fn forward(
                     };
                     heard = Instant::now();
                     while waiting.front().is_some_and(|(n, _)| *n <= upto) {
-                        if let Some((_, tx)) = waiting.pop_front() {
-                            let _ = tx.send(());
+                        if let Some((_, Outgoing { ack: Some(ack), .. })) = waiting.pop_front() {
+                            let _ = ack.send(0);
                         }
                     }
                 }
@@ -205,8 +230,8 @@ async fn forward(
                 while let Some(item) = next.take() {
                     pack.push(&item.record);
                     sent += 1;
-                    if let Some(ack) = item.ack {
-                        waiting.push_back((sent, ack));
+                    if item.ack.is_some() {
+                        waiting.push_back((sent, item));
                     }
                     if pack.len() < FRAME_BYTES {
                         next = rx.try_recv().ok();

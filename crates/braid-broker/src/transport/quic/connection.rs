@@ -68,8 +68,8 @@ pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming, pacer:
         Ok(Err(FirstPacket::Refuse(why))) => {
             info!(%peer, "refusing QUIC connection: {why}");
             let (mut send, _) = early_control(&mut early);
-            connection::refuse(&mut send, ProtocolVersion::V3_1_1, ReasonCode::UnsupportedProtocolVersion)
-                .await;
+            let unsupported = ReasonCode::UnsupportedProtocolVersion;
+            connection::refuse(&mut send, ProtocolVersion::V3_1_1, unsupported, None).await;
             return close_after(&conn, &send, ReasonCode::UnsupportedProtocolVersion, "").await;
         }
         Ok(Err(FirstPacket::Close(why))) => {
@@ -95,7 +95,7 @@ pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming, pacer:
         Ok(a) => a,
         Err(reason) => {
             let Control { mut send, .. } = control;
-            connection::refuse(&mut send, version, reason).await;
+            connection::refuse(&mut send, version, reason, connection::elsewhere(&broker, reason)).await;
             return close_after(&conn, &send, reason, reason.description()).await;
         }
     };
@@ -216,6 +216,7 @@ impl Streams {
             if version.is_v5() {
                 let properties = Properties::from(braid_proto::PropertyValues {
                     reason_string: Some(detail.as_ref().into()),
+                    server_reference: a.ctl.server_reference(),
                     ..Default::default()
                 });
                 let mut buf = BytesMut::new();
