@@ -64,7 +64,14 @@ impl RemoteSink for NodeSink {
                     link.send(record);
                     return Delivered::queued(0);
                 }
-                Delivered { confirm: Some(link.send_confirmed(&self.shared, record)), ..Delivered::queued(0) }
+                let after = match fwd.msg.qos {
+                    QoS::ExactlyOnce => self.shared.store.written_by(fwd.msg.origin),
+                    _ => 0,
+                };
+                Delivered {
+                    confirm: Some(link.send_confirmed(&self.shared, record, after)),
+                    ..Delivered::queued(0)
+                }
             }
             _ => Delivered::queued(self.shared.store.forward(
                 &self.node,

@@ -283,6 +283,15 @@ impl RedisStore {
         self.queue(|ticket| Job::Forward { ticket, inbox, record })
     }
 
+    /// The ticket after which everything `session` wrote so far is durable: the last submitted
+    /// if it is a session this store writes for (persistent), 0 if not.
+    pub(crate) fn written_by(&self, session: u64) -> Ticket {
+        match self.sessions.lock().contains_key(&session) {
+            true => self.submitter.lock().last,
+            false => 0,
+        }
+    }
+
     /// Queues `cmds` (no reply needed) after everything submitted; returns their ticket.
     pub(crate) fn submit_cmds(&self, cmds: Vec<Cmd>) -> Ticket {
         self.push(cmds, Reply::None)

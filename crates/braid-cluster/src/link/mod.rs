@@ -101,6 +101,8 @@ impl Links {
 pub(crate) struct Outgoing {
     record: Bytes,
     ack: Option<oneshot::Sender<Ticket>>,
+    /// Not sent before this store ticket is durable (see [`Link::send_confirmed`]).
+    after: Ticket,
 }
 
 /// The link to one peer, as the node's router uses it: whatever is sent goes over the link
@@ -132,15 +134,19 @@ impl Link {
 
     /// Sends a QoS 0 message's `record`: no acknowledgement, at most once.
     pub(crate) fn send(&self, record: Bytes) {
-        let _ = self.tx.send(Outgoing { record, ack: None });
+        let _ = self.tx.send(Outgoing { record, ack: None, after: 0 });
     }
 
-    /// Sends a QoS 1/2 message's `record`; the confirmation resolves once the peer
-    /// acknowledged it or, when the link could not carry it, once it is in the peer's Redis
-    /// inbox.
-    pub(crate) fn send_confirmed(&self, shared: &Arc<Shared>, record: Bytes) -> Confirm {
+    /// Sends a QoS 1/2 message's `record`, once store ticket `after` is durable (0: at once);
+    /// the confirmation resolves once the peer acknowledged it or, when the link could not
+    /// carry it, once it is in the peer's Redis inbox.
+    ///
+    /// `after` keeps exactly once across a publishing node's death: a QoS 2 message leaves only
+    /// once its persistent publisher's packet id is in Redis, so a PUBLISH resent to another node
+    /// is known there, as when the message went through the inbox in the same pipeline.
+    pub(crate) fn send_confirmed(&self, shared: &Arc<Shared>, record: Bytes, after: Ticket) -> Confirm {
         let (ack, acked) = oneshot::channel();
-        let _ = self.tx.send(Outgoing { record, ack: Some(ack) });
+        let _ = self.tx.send(Outgoing { record, ack: Some(ack), after });
         let shared = shared.clone();
         Confirm::new(async move {
             match acked.await {

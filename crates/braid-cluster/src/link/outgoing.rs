@@ -224,24 +224,28 @@ async fn send_frames(
             },
             item = rx.recv() => {
                 let Some(first) = item else { return "shutting down".into() };
+                let mut items = vec![first];
+                let mut bytes = items[0].record.len();
+                while bytes < FRAME_BYTES {
+                    let Ok(item) = rx.try_recv() else { break };
+                    bytes += item.record.len();
+                    items.push(item);
+                }
+                if let Some(after) = items.iter().map(|i| i.after).max().filter(|a| *a > 0) {
+                    shared.store.wait_durable(after).await;
+                }
                 let mut pack = Pack::default();
-                let before = sent;
-                let mut next = Some(first);
-                while let Some(item) = next.take() {
+                link.sent.fetch_add(items.len() as u64, Ordering::Relaxed);
+                for item in items {
                     pack.push(&item.record);
                     sent += 1;
                     if item.ack.is_some() {
                         waiting.push_back((sent, item));
                     }
-                    if pack.len() < FRAME_BYTES {
-                        next = rx.try_recv().ok();
-                    }
                 }
-                let frame = pack.into_bytes();
-                if let Err(e) = bulk.send(Bytes::from(frame)).await {
+                if let Err(e) = bulk.send(Bytes::from(pack.into_bytes())).await {
                     return e.to_string();
                 }
-                link.sent.fetch_add(sent - before, Ordering::Relaxed);
             }
             _ = watchdog.tick() => {
                 if !waiting.is_empty() && heard.elapsed() > timeout {
