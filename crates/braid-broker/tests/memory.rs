@@ -51,6 +51,36 @@ fn what_clients_cost() {
     };
     subscriptions();
     parked_connections();
+    remote_routes();
+}
+
+/// A cluster node's routes to the other nodes' sessions: what one remote subscriber's
+/// subscription to a filter of its own costs (in `bench/c1m`'s six-node run every node holds
+/// five other nodes' clients' filters).
+fn remote_routes() {
+    const FILTERS: usize = 2000;
+    let broker = Broker::new(Config::embedded());
+    let sinks: Vec<_> = (0..5).map(|_| broker.remote_sink(std::sync::Arc::new(Nowhere))).collect();
+    let per_route = per_client(FILTERS * sinks.len(), || {
+        for (n, sink) in sinks.iter().enumerate() {
+            for i in 0..FILTERS {
+                let filter = format!("c1m/{}", n * FILTERS + i);
+                assert_eq!(broker.subscribe_remote(sink, &filter, SubscriptionOptions::default()), Ok(true));
+            }
+        }
+    });
+    eprintln!("router, heap bytes per remote subscriber's route to a filter of its own: {per_route}");
+    assert!(per_route <= 200, "a remote route: {per_route} bytes");
+}
+
+/// A remote subscriber that takes nothing.
+#[derive(Debug)]
+struct Nowhere;
+
+impl braid_broker::router::RemoteSink for Nowhere {
+    fn deliver(&self, _: braid_broker::router::Forward, _: Instant) -> braid_broker::router::Delivered {
+        braid_broker::router::Delivered::queued(0)
+    }
 }
 
 /// The broker core through the harness (no sockets): what each subscription adds to a
