@@ -301,6 +301,7 @@ pub(crate) fn route_now(
     for Incoming { msg, scope, .. } in now {
         if let Some(id) = &msg.remote_id {
             if !seen.lock().first(id) {
+                shared.duplicates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 debug!("cluster: a message received twice is dropped");
                 continue;
             }
@@ -326,7 +327,7 @@ pub(crate) fn route_now(
 /// their own node: what other nodes send waits in Redis meanwhile. Keeps those that still
 /// hold at `now`; one held since `since` for `slow_consumer` (if set) is evicted as a slow
 /// consumer, as on one node.
-pub(crate) fn still_held(held: &mut Vec<Holder>, since: Instant, slow_consumer: Duration, now: Instant) {
+fn still_held(held: &mut Vec<Holder>, since: Instant, slow_consumer: Duration, now: Instant) {
     held.retain(|h| {
         let blocks = h.session.lock().blocks_publishers_now();
         match h.paced_until {

@@ -115,6 +115,23 @@ pub struct Holder {
     pub paced_until: Option<Instant>,
 }
 
+impl Holder {
+    /// Waits until it lets a publisher it held back at `since` go on: as its queue drains; for
+    /// a paced one, at the end of its pacing (past it the subscriber is left behind); else, with
+    /// `slow_consumer` set, once it has been evicted as a slow consumer past that. Cancel-safe.
+    pub async fn released(&self, since: Instant, slow_consumer: Duration) {
+        let s = &self.session;
+        if let Some(until) = self.paced_until {
+            let _ = tokio::time::timeout_at(until.into(), s.wait_for_space()).await;
+        } else if slow_consumer.is_zero() {
+            s.wait_for_space().await;
+        } else if tokio::time::timeout_at((since + slow_consumer).into(), s.wait_for_space()).await.is_err() {
+            s.evict_slow_consumer(slow_consumer.as_secs());
+            s.wait_for_space().await;
+        }
+    }
+}
+
 /// What became of a published message.
 #[derive(Debug, Default)]
 pub struct Published {

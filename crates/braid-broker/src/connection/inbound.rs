@@ -24,6 +24,7 @@ use crate::router::Confirm;
 use crate::session::{Qos2Ids, Session};
 use crate::store::Ticket;
 use crate::trace::Direction;
+use futures_util::FutureExt;
 
 /// What the read loop does after a packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -567,7 +568,7 @@ impl<'a> Inbound<'a> {
 async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> Option<Released> {
     let Some(h) = held.as_mut() else { return std::future::pending().await };
     while let Some(holder) = h.sessions.last() {
-        released(holder, h.since, slow_consumer).await;
+        holder.released(h.since, slow_consumer).await;
         h.sessions.pop();
     }
     match held.take() {
@@ -576,21 +577,6 @@ async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> 
             ack.map(|ack| Released { ack, ticket, confirms })
         }
         None => std::future::pending().await,
-    }
-}
-
-/// Waits until `holder` lets a publisher it held back at `since` go on: as its queue drains;
-/// for a paced one, at the end of its pacing (past it the subscriber is left behind); else,
-/// with `slow_consumer` set, once it has been evicted as a slow consumer past that. Cancel-safe.
-async fn released(holder: &Holder, since: Instant, slow_consumer: Duration) {
-    let s = &holder.session;
-    if let Some(until) = holder.paced_until {
-        let _ = tokio::time::timeout_at(until.into(), s.wait_for_space()).await;
-    } else if slow_consumer.is_zero() {
-        s.wait_for_space().await;
-    } else if tokio::time::timeout_at((since + slow_consumer).into(), s.wait_for_space()).await.is_err() {
-        s.evict_slow_consumer(slow_consumer.as_secs());
-        s.wait_for_space().await;
     }
 }
 
@@ -613,7 +599,16 @@ async fn commit_moved(durable: &mut Option<Box<Durable>>) {
         return std::future::pending().await;
     };
     match d.acks.front_mut() {
-        Some(w) if !w.confirms.is_empty() => confirmed(w).await,
+        Some(w) if !w.confirms.is_empty() => {
+            confirmed(w).await;
+            // Those behind it whose confirmations came meanwhile go out with it, in one write
+            // (a remote's word often settles many at once).
+            for w in d.acks.iter_mut().skip(1) {
+                if !confirmed_now(w) {
+                    break;
+                }
+            }
+        }
         _ => {
             if d.synced.changed().await.is_err() {
                 std::future::pending().await
@@ -627,9 +622,27 @@ async fn commit_moved(durable: &mut Option<Box<Durable>>) {
 async fn confirmed(w: &mut WaitingAck) {
     while let Some(confirm) = w.confirms.last_mut() {
         let reason = confirm.await;
-        w.confirms.pop();
+        w.resolved(reason);
+    }
+}
+
+/// Takes out `w`'s confirmations that have resolved already, without waiting; true if none is
+/// left.
+fn confirmed_now(w: &mut WaitingAck) -> bool {
+    while let Some(confirm) = w.confirms.last_mut() {
+        let Some(reason) = confirm.now_or_never() else { return false };
+        w.resolved(reason);
+    }
+    true
+}
+
+impl WaitingAck {
+    /// Its last confirmation resolved with `reason`: taken out; a failure sets the
+    /// acknowledgement's reason code.
+    fn resolved(&mut self, reason: ReasonCode) {
+        self.confirms.pop();
         if reason != ReasonCode::Success {
-            if let Packet::PubAck(a) | Packet::PubRec(a) = &mut w.ack {
+            if let Packet::PubAck(a) | Packet::PubRec(a) = &mut self.ack {
                 a.reason = reason;
             }
         }

@@ -19,7 +19,7 @@ use braid_broker::store::{Store, Ticket};
 
 use super::handshake::{self, Hello, Role};
 use super::{codec, Links};
-use crate::inbox::{route_now, still_held, Backlog, Source};
+use crate::inbox::{route_now, Backlog, Source};
 use crate::{wire, Shared};
 
 /// How often a receiver tells its peer how far it got, even with nothing new: the peer's sign
@@ -133,10 +133,12 @@ async fn receive(
         };
         let frame = match frame {
             Some(Ok(frame)) => frame,
-            Some(Err(e)) => {
+            // The codec's own error: a length beyond the largest frame.
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
                 conn.close(handshake::MALFORMED.into(), b"malformed frame");
                 return Err(format!("a malformed frame: {e}"));
             }
+            Some(Err(e)) => return Err(format!("connection lost: {e}")),
             None => return Ok(()),
         };
         let messages = match wire::unpack(&frame) {
@@ -153,9 +155,8 @@ async fn receive(
         // Sessions over their limits hold the link as they hold a local publisher: what the
         // peer sends waits in its stream meanwhile (QUIC's flow control tells it).
         let since = Instant::now();
-        while !held.is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            still_held(&mut held, since, slow_consumer, Instant::now());
+        for holder in held.drain(..) {
+            holder.released(since, slow_consumer).await;
         }
     }
 }

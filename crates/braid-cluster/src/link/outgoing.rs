@@ -199,7 +199,10 @@ async fn send_frames(
     let _ = bulk.set_priority(0);
     let mut bulk = FramedWrite::new(bulk, codec());
     let mut sent = 0u64;
-    let mut heard = Instant::now();
+    // When the peer last sent a count, and when its QUIC stack last acknowledged a packet of
+    // ours: a count that keeps coming says only that the way back works (a one-way cut, or a
+    // peer that does not get what this node sends, leaves the second still).
+    let (mut heard, mut heard_back, mut transport_acks) = (Instant::now(), Instant::now(), 0);
     let timeout = Duration::from_millis(shared.config.link_timeout_ms);
     let mut watchdog = tokio::time::interval(timeout / 4);
     let _control = control;
@@ -248,8 +251,15 @@ async fn send_frames(
                 }
             }
             _ = watchdog.tick() => {
+                let acks = conn.stats().frame_rx.acks;
+                if acks != transport_acks {
+                    (transport_acks, heard_back) = (acks, Instant::now());
+                }
                 if !waiting.is_empty() && heard.elapsed() > timeout {
                     return format!("no word from the peer in {} ms", timeout.as_millis());
+                }
+                if !waiting.is_empty() && heard_back.elapsed() > timeout {
+                    return format!("the peer has received nothing from this node in {} ms", timeout.as_millis());
                 }
             }
             _ = shutdown.cancelled() => return "shutting down".into(),
