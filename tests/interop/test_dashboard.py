@@ -5,7 +5,7 @@ tests/interop/js/dashboard.mjs, one JSON command per line) loads the pages the b
 `/`, while independent clients (paho-mqtt, mosquitto_pub) change what the broker holds: the
 live connection count on the overview, kicking a client from the clients page (the client gets
 DISCONNECT 0x98, Administrative action), deleting a retained message from the retained page,
-the API key prompt when admin.api_keys_file is set.
+the API key prompt when admin.api_keys_file is set, draining a cluster node from the nodes page.
 
 Screenshots of each page are kept under $BRAID_TEST_ARTIFACTS/dashboard (default
 /tmp/braid-test-artifacts/dashboard), named <test>-<page>.png; a command that fails adds a
@@ -320,6 +320,25 @@ def test_retained_page_lists_and_deletes_a_retained_message(admin_broker, dashbo
     assert status == 200 and [m["topic"] for m in body["data"]] == [kept], body
     status, body = api(b, f"/api/v1/retained/{topic}")
     assert status == 404, body
+
+
+def test_drain_a_cluster_node_from_the_nodes_page(braid_cluster, dashboard):
+    n1, n2 = braid_cluster(2)
+    n1.http = n1.admin_url()
+    d = dashboard(n1)
+    d.call("goto", path="/#/nodes")
+    d.visible("nodes-row-n2", timeout=10)
+    d.call("click", testid="drain-n2")
+    assert any('"n2"' in m for m in d.call("dialogs")), "the page asked before draining"
+    d.text("nodes-row-n2", timeout=10, matches="drained")
+    d.text("drain-n2", equals="Cancel drain")
+    status, body = api(n1, "/api/v1/nodes")
+    assert status == 200 and [n["state"] for n in body["data"]] == ["up", "drained"], body
+    d.screenshot("nodes-drained")
+    d.call("click", testid="drain-n2")
+    d.text("drain-n2", timeout=10, equals="Drain")
+    status, body = api(n1, "/api/v1/nodes")
+    assert [n["draining"] for n in body["data"]] == [False, False], body
 
 
 def test_api_key_prompt(admin_broker, dashboard, connect, tmp_path):

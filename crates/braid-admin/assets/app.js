@@ -754,19 +754,21 @@
     for (const r of rows) for (const k of Object.keys(r)) if (!keys.includes(k)) keys.push(k);
     const present = keys.filter((k) => rows.some((r) => k in r));
     const badge = (v) => h('span', { class: `badge ${v === 'up' ? 'on' : 'off'}` }, fmtValue(v));
-    return present.map((k) => ({ label: k.replace(/_/g, ' '), cell: (r) => (k === 'state' ? badge(r[k]) : r[k]) }));
+    return present.map((k) => ({ key: k, label: k.replace(/_/g, ' '), cell: (r) => (k === 'state' ? badge(r[k]) : r[k]) }));
   }
 
+  /** A page listing `path`'s data; `columns(rows, view, refresh)` gives the table's columns. */
   function listPage(title, path, testid, columns, empty) {
     return (view) => {
       const box = h('div', { 'data-testid': testid });
       view.append(pageHeader(title), box);
-      return every(5000, async () => {
+      const poller = every(5000, async () => {
         const body = await api(path);
         clearError();
-        swap(box, JSON.stringify(body), () => table(columns(body.data), body.data,
+        swap(box, JSON.stringify(body), () => table(columns(body.data, view, () => poller.now()), body.data,
           (r) => ({ 'data-testid': `${testid.replace(/-table$/, '')}-row-${r.name || r.address || ''}` }), empty));
       });
+      return poller;
     };
   }
 
@@ -777,8 +779,35 @@
     { label: 'Accepted', class: 'num', cell: (l) => l.accepted },
   ], 'No listeners.');
 
-  const nodes = listPage('Nodes', '/nodes', 'nodes-table',
-    (rows) => columnsOf(rows, ['name', 'this_node', 'state', 'clustered']), 'No nodes.');
+  /** Drains a cluster node (at the API's default rate), or cancels its drain. */
+  async function drainNode(view, node, cancel, after) {
+    const question = cancel
+      ? `Cancel the drain of node "${node}"? It accepts connections again.`
+      : `Drain node "${node}"? It refuses new connections and sends its clients to the other nodes, then stays drained until it is stopped.`;
+    if (!window.confirm(question)) return;
+    try {
+      await api(`/nodes/${seg(node)}/drain`, { method: cancel ? 'DELETE' : 'POST' });
+      notify(view, cancel ? `Cancelled the drain of node "${node}".` : `Node "${node}" drains.`);
+    } catch (e) {
+      showError(e);
+    }
+    after();
+  }
+
+  const drainText = (d) => d && `${d.state}: ${fmtNumber(d.moved)} moved, ${fmtNumber(d.remaining)} left (${fmtNumber(d.rate)}/s)`;
+
+  const nodes = listPage('Nodes', '/nodes', 'nodes-table', (rows, view, refresh) => [
+    ...columnsOf(rows, ['name', 'this_node', 'state', 'connections', 'drain', 'clustered'])
+      .filter((c) => c.key !== 'draining')
+      .map((c) => (c.key === 'drain' ? { ...c, cell: (r) => drainText(r.drain) } : c)),
+    {
+      label: '', class: 'actions',
+      cell: (r) => (r.clustered ? h('button', {
+        type: 'button', class: r.draining ? null : 'danger', 'data-testid': `drain-${r.name}`,
+        onclick: () => drainNode(view, r.name, r.draining, refresh),
+      }, r.draining ? 'Cancel drain' : 'Drain') : null),
+    },
+  ], 'No nodes.');
 
   const bridges = listPage('Bridges', '/bridges', 'bridges-table',
     (rows) => columnsOf(rows, ['name', 'kind', 'state']), 'No bridges are configured.');

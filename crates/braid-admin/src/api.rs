@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use braid_broker::balance::Refusal;
 use braid_broker::broker::admin::ClientInfo;
 use braid_broker::message::Message;
 use braid_broker::metrics::Metrics;
@@ -42,6 +43,8 @@ pub(crate) fn routes() -> Router<Arc<Admin>> {
         .route("/retained/{*topic}", get(retained_one).delete(retained_delete))
         .route("/publish", post(publish))
         .route("/nodes", get(nodes))
+        .route("/nodes/{node}/drain", post(drain).delete(cancel_drain))
+        .route("/cluster/rebalance", post(rebalance))
         .route("/bridges", get(bridges))
         .route("/reload", post(reload))
         .route("/traces", get(traces).post(start_trace))
@@ -79,6 +82,52 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
             Ok(Json(v)) => Ok(Body(v)),
             Err(e) => Err(error(e.status(), format!("bad JSON body: {}", e.body_text()))),
         }
+    }
+}
+
+/// An optional JSON object body of settings (empty: `{}`), whose rejection is the API's error.
+struct Settings(serde_json::Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for Settings {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        let body = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| error(e.status(), e.body_text()))?;
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Settings(serde_json::Map::new()));
+        }
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(map)) => Ok(Settings(map)),
+            Ok(_) => Err(error(StatusCode::BAD_REQUEST, "the body is a JSON object, e.g. {\"rate\": 100}")),
+            Err(e) => Err(error(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}"))),
+        }
+    }
+}
+
+impl Settings {
+    /// The settings, each an integer within its range, its default when absent: `(name, range,
+    /// default)`. A 400 names a setting out of range, or one not among them.
+    fn integers<const N: usize>(
+        &self,
+        known: [(&str, std::ops::RangeInclusive<u64>, u64); N],
+    ) -> Result<[u64; N], ApiError> {
+        let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
+        if let Some(other) = self.0.keys().find(|k| !known.iter().any(|(name, ..)| name == k)) {
+            let names: Vec<&str> = known.iter().map(|(name, ..)| *name).collect();
+            return Err(bad(format!("unknown field {other:?}: the body may have {}", names.join(", "))));
+        }
+        let mut out = [0; N];
+        for (slot, (name, range, default)) in out.iter_mut().zip(known) {
+            *slot = match self.0.get(name) {
+                None => default,
+                Some(v) => v.as_u64().filter(|n| range.contains(n)).ok_or_else(|| {
+                    bad(format!("{name}: {v} is not an integer from {} to {}", range.start(), range.end()))
+                })?,
+            };
+        }
+        Ok(out)
     }
 }
 
@@ -657,9 +706,78 @@ fn reported(admin: &Admin, collection: &str) -> Vec<Value> {
 async fn nodes(State(admin): Shared) -> Json<Value> {
     let mut data = reported(&admin, "nodes");
     if data.is_empty() {
-        data.push(json!({ "name": "local", "this_node": true, "state": "up", "clustered": false }));
+        let by = &admin.broker.metrics.connected_by_transport;
+        let connections: u64 = Transport::ALL.iter().map(|t| Metrics::get(by.get(*t))).sum();
+        data.push(json!({
+            "name": "local", "this_node": true, "state": "up", "clustered": false,
+            "connections": connections, "draining": false, "drain": null,
+        }));
     }
     Json(json!({ "data": data }))
+}
+
+/// Connections per second a drain or a rebalance sends away when the request names no rate,
+/// and the most it may name.
+const DEFAULT_RATE: u64 = 100;
+const MAX_RATE: u64 = 100_000;
+
+/// How long a rebalance may last when the request does not say, and the longest it may name.
+const DEFAULT_REBALANCE_SECS: u64 = 300;
+const MAX_REBALANCE_SECS: u64 = 86_400;
+
+/// The answer to a request of a broker that is not a node of a cluster: 404 for a node other
+/// than its one, `local`; 409 otherwise.
+fn not_clustered(node: Option<&str>) -> Response {
+    match node {
+        Some(node) if node != "local" => error(
+            StatusCode::NOT_FOUND,
+            format!("no node is named {node:?}: this broker is not clustered (its one node is \"local\")"),
+        ),
+        _ => error(
+            StatusCode::CONFLICT,
+            "this broker is not clustered: there is no other node to move clients to",
+        ),
+    }
+}
+
+/// The cluster's answer to a drain or rebalance request, `status` when it was taken.
+fn answered(answer: Result<Value, Refusal>, status: StatusCode) -> Response {
+    match answer {
+        Ok(v) => (status, Json(v)).into_response(),
+        Err(Refusal::UnknownNode(m)) => error(StatusCode::NOT_FOUND, m),
+        Err(Refusal::Conflict(m)) => error(StatusCode::CONFLICT, m),
+        Err(Refusal::Unavailable(m)) => error(StatusCode::SERVICE_UNAVAILABLE, m),
+    }
+}
+
+/// `POST /nodes/{node}/drain`, body optional: `{"rate": connections per second}`.
+async fn drain(State(admin): Shared, Path(node): Path<String>, settings: Settings) -> Response {
+    let [rate] = match settings.integers([("rate", 1..=MAX_RATE, DEFAULT_RATE)]) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let Some(balancer) = admin.broker.balancer() else { return not_clustered(Some(&node)) };
+    answered(balancer.drain(&node, rate as u32).await, StatusCode::ACCEPTED)
+}
+
+async fn cancel_drain(State(admin): Shared, Path(node): Path<String>) -> Response {
+    let Some(balancer) = admin.broker.balancer() else { return not_clustered(Some(&node)) };
+    answered(balancer.cancel_drain(&node).await, StatusCode::OK)
+}
+
+/// `POST /cluster/rebalance`, body optional: `{"rate": connections per second, "timeout_secs": the
+/// longest it lasts}`.
+async fn rebalance(State(admin): Shared, settings: Settings) -> Response {
+    let known = [
+        ("rate", 1..=MAX_RATE, DEFAULT_RATE),
+        ("timeout_secs", 1..=MAX_REBALANCE_SECS, DEFAULT_REBALANCE_SECS),
+    ];
+    let [rate, secs] = match settings.integers(known) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let Some(balancer) = admin.broker.balancer() else { return not_clustered(None) };
+    answered(balancer.rebalance(rate as u32, Duration::from_secs(secs)).await, StatusCode::ACCEPTED)
 }
 
 async fn bridges(State(admin): Shared) -> Json<Value> {

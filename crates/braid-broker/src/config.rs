@@ -696,6 +696,10 @@ pub struct ClusterConfig {
     /// How long a peer may stay silent while messages wait for its acknowledgement, in
     /// milliseconds, before its link is dropped and they go through its Redis inbox.
     pub link_timeout_ms: u64,
+    /// The address clients are sent to for this node (a v5 Server Reference, when another
+    /// node drains or rebalances); empty: the TCP listener's port on its IP or, with an
+    /// unspecified IP, on the host of the links' advertised address.
+    pub server_reference: String,
 }
 
 impl Default for ClusterConfig {
@@ -714,6 +718,7 @@ impl Default for ClusterConfig {
             advertise: String::new(),
             secret: String::new(),
             link_timeout_ms: 2_000,
+            server_reference: String::new(),
         }
     }
 }

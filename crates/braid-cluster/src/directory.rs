@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use braid_broker::broker::{Broker, WillOnRelease};
 use braid_broker::directory::{self as seam, Waiting};
+use braid_broker::session::IN_PROCESS;
 use braid_proto::{ByteString, ReasonCode};
 
 use crate::redis::{bytes, int, Conn};
@@ -64,7 +65,8 @@ impl Directory {
 impl braid_broker::directory::Directory for Directory {
     fn claim<'a>(&'a self, client_id: &'a str, clean_start: bool) -> seam::Claiming<'a> {
         Box::pin(async move {
-            if !self.shared.serving() {
+            let draining = self.shared.balance.draining() && !client_id.starts_with(IN_PROCESS);
+            if !self.shared.serving() || draining {
                 return Err(ReasonCode::UseAnotherServer);
             }
             if client_id.is_empty() {
@@ -98,6 +100,11 @@ impl braid_broker::directory::Directory for Directory {
             let Some(broker) = broker.upgrade() else { return };
             check_owner(&shared, &broker, &client_id).await;
         });
+    }
+
+    fn server_reference(&self) -> Option<ByteString> {
+        let live = self.shared.live.lock().clone();
+        self.shared.balance.suggest(&live, &self.shared.me)
     }
 
     fn ended(&self, client_id: &str) {

@@ -49,6 +49,32 @@ impl Keys {
         format!("{}:links", self.prefix)
     }
 
+    /// Hash: node -> the address its clients are sent to by others (its Server Reference).
+    pub(crate) fn servers(&self) -> String {
+        format!("{}:servers", self.prefix)
+    }
+
+    /// Hash: node -> its connections, as it last counted them.
+    pub(crate) fn load(&self) -> String {
+        format!("{}:load", self.prefix)
+    }
+
+    /// Hash: node -> the drain asked of it (see [`crate::drain`]).
+    pub(crate) fn drain(&self) -> String {
+        format!("{}:drain", self.prefix)
+    }
+
+    /// Hash: node -> how its drain goes, as it last wrote it.
+    pub(crate) fn drain_state(&self) -> String {
+        format!("{}:drainstate", self.prefix)
+    }
+
+    /// String with a PX expiry (the rebalance's bound): the rebalance under way, if any (see
+    /// [`crate::rebalance`]).
+    pub(crate) fn rebalance(&self) -> String {
+        format!("{}:rebalance", self.prefix)
+    }
+
     /// String: a fingerprint of the nodes' `cluster.secret` (see
     /// [`crate::link::handshake::fingerprint`]).
     pub(crate) fn secret(&self) -> String {

@@ -13,18 +13,22 @@
 //!
 //! The rooms, from the top: `directory` (one session per client id: claims, handovers,
 //! fencing), `reaper` (taking over a gone node), `heartbeat` (the lease renewal loop),
+//! `balance` (moving clients between nodes: `drain`, `rebalance`),
 //! `sessions` (adopting sessions from Redis), `routes` (this node's routes out, the others'
 //! in, relays), `inbox` (messages and handover requests from other nodes), `retained`,
 //! `membership` (leases, live nodes), `store` (the Redis store and its writer), `streams`,
 //! `wire` (inbox entries), `keys`, `redis` (connections).
 
+mod balance;
 mod directory;
+mod drain;
 mod heartbeat;
 mod inbox;
 mod keys;
 mod link;
 mod membership;
 mod reaper;
+mod rebalance;
 mod redis;
 mod report;
 mod retained;
@@ -116,9 +120,13 @@ struct Shared {
     /// inbox and routed here.
     forwarded: std::sync::atomic::AtomicU64,
     received: std::sync::atomic::AtomicU64,
+    /// Messages from other nodes dropped as received before (by their two ways, or read twice).
+    duplicates: std::sync::atomic::AtomicU64,
     /// The links to the other nodes (None with `cluster.listen` empty: everything through
     /// Redis).
     links: Option<Arc<link::Links>>,
+    /// This node's part in drains and rebalances.
+    balance: balance::Balance,
 }
 
 impl Node {
@@ -166,7 +174,9 @@ impl Node {
             live: Mutex::new(Vec::new()),
             forwarded: std::sync::atomic::AtomicU64::new(0),
             received: std::sync::atomic::AtomicU64::new(0),
+            duplicates: std::sync::atomic::AtomicU64::new(0),
             links,
+            balance: balance::Balance::default(),
         });
         Ok(Node { shared, writer, retained_from })
     }
@@ -204,6 +214,7 @@ impl Node {
         }
         tokio::spawn(retained::follow(shared.clone(), broker.clone(), self.retained_from));
         tokio::spawn(heartbeat::run(shared.clone(), broker.clone()));
+        balance::start(&shared, broker);
         broker.add_report(Arc::new(report::Nodes(shared.clone())));
         tokio::spawn(reaper::run(shared.clone(), broker.clone()));
         Ok(Member { shared })
@@ -220,6 +231,7 @@ impl Member {
     /// Gives up the node's lease once the broker has stopped and its store has written
     /// everything: a client that reconnects elsewhere then takes its session over at once.
     pub async fn leave(self) {
+        balance::leave(&self.shared).await;
         membership::leave(&self.shared).await;
     }
 }

@@ -75,7 +75,8 @@ pub(crate) enum Renewed {
     Taken,
 }
 
-/// Renews the lease and the node's entry in the node list.
+/// Renews the lease and the node's entries in the node list, the links' addresses and the
+/// Server References.
 pub(crate) async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<Renewed> {
     let mut lease = redis::cmd("EVAL");
     lease
@@ -89,6 +90,9 @@ pub(crate) async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResul
     let mut cmds = vec![lease, listed];
     if let Some(links) = &shared.links {
         cmds.push(redis::cmd("HSET").arg(shared.keys.links()).arg(&shared.me).arg(&links.advertise).clone());
+    }
+    if let Some(reference) = shared.balance.reference() {
+        cmds.push(redis::cmd("HSET").arg(shared.keys.servers()).arg(&shared.me).arg(reference).clone());
     }
     let replies = conn.run_all(&cmds).await?;
     Ok(match replies.first().and_then(int) {

@@ -1,5 +1,5 @@
-//! The cluster as operators see it: the live nodes, listed by the admin API
-//! (`/api/v1/nodes`) and counted in its metrics.
+//! The cluster as operators see it: the live nodes, with their connections and drains, listed
+//! by the admin API (`/api/v1/nodes`) and counted in its metrics.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -7,6 +7,10 @@ use std::sync::Arc;
 use braid_broker::report::{Report, Sample};
 
 use crate::Shared;
+
+/// Help of `braid_cluster_link_messages_total`.
+const LINK_MESSAGES: &str =
+    "Messages sent to the peer, by the way they went: over its link, or through its Redis inbox while the link could not carry them.";
 
 /// The live nodes, as the heartbeat last read them, and whether this node serves.
 pub(crate) struct Nodes(pub(crate) Arc<Shared>);
@@ -34,8 +38,10 @@ impl Report for Nodes {
         live.into_iter()
             .map(|name| {
                 let this = name == shared.me;
-                let state = match (this, serving) {
-                    (true, false) => "cut_off",
+                let (draining, balance) = shared.balance.describe(&name, this);
+                let state = match (this, serving, draining) {
+                    (true, false, _) => "cut_off",
+                    (_, _, Some(state)) => state,
                     _ => "up",
                 };
                 // How this node reaches it: over a link, or through Redis.
@@ -46,7 +52,11 @@ impl Report for Nodes {
                     None if shared.links.is_some() => Some("idle"),
                     None => Some("none"),
                 };
-                serde_json::json!({ "name": name, "this_node": this, "state": state, "clustered": true, "link": link })
+                let mut entry = serde_json::json!({ "name": name, "this_node": this, "state": state, "clustered": true, "link": link });
+                if let Some(fields) = entry.as_object_mut() {
+                    fields.extend(balance);
+                }
+                entry
             })
             .collect()
     }
@@ -81,12 +91,12 @@ impl Report for Nodes {
                 .with("peer", link.node.clone()),
             );
             out.push(
-                Sample::counter("braid_cluster_link_messages_total", "Messages sent to the peer, by the way they went: over its link, or through its Redis inbox while the link could not carry them.", sent)
+                Sample::counter("braid_cluster_link_messages_total", LINK_MESSAGES, sent)
                     .with("peer", link.node.clone())
                     .with("path", "link"),
             );
             out.push(
-                Sample::counter("braid_cluster_link_messages_total", "Messages sent to the peer, by the way they went: over its link, or through its Redis inbox while the link could not carry them.", fell_back)
+                Sample::counter("braid_cluster_link_messages_total", LINK_MESSAGES, fell_back)
                     .with("peer", link.node.clone())
                     .with("path", "redis"),
             );
@@ -99,6 +109,12 @@ impl Report for Nodes {
                 .with("peer", link.node.clone()),
             );
         }
+        shared.balance.samples(out);
+        out.push(Sample::counter(
+            "braid_cluster_duplicate_messages_total",
+            "Messages from other nodes dropped as received before (they came both over a link and through Redis, or were read twice).",
+            shared.duplicates.load(Ordering::Relaxed),
+        ));
         out.push(Sample::counter(
             "braid_cluster_received_messages_total",
             "Messages from other nodes, over links or from this node's inbox, routed here.",

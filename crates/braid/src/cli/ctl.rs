@@ -107,6 +107,35 @@ enum CtlCommand {
         #[arg(short, long)]
         retain: bool,
     },
+    /// The cluster's nodes, with their connections and drains.
+    Nodes,
+    /// Drain a cluster node: its clients go to the other nodes.
+    ///
+    /// The node refuses new connections and sends its clients away at the rate (v5: DISCONNECT
+    /// 0x9C with a Server Reference), then stays drained until it is stopped or the drain is
+    /// cancelled.
+    Drain {
+        /// The node's name (`cluster.node`).
+        node: String,
+        /// Connections per second it sends away [default: 100].
+        #[arg(long)]
+        rate: Option<u32>,
+        /// End the node's drain instead: it accepts connections again.
+        #[arg(long, conflicts_with = "rate")]
+        cancel: bool,
+    },
+    /// Even the cluster nodes' connections out.
+    ///
+    /// Each node above the average sends its excess to the least loaded nodes at the rate,
+    /// until the nodes are within 15% of each other or the timeout passes.
+    Rebalance {
+        /// Connections per second each node sends away [default: 100].
+        #[arg(long)]
+        rate: Option<u32>,
+        /// The longest it lasts, in seconds [default: 300].
+        #[arg(long)]
+        timeout_secs: Option<u64>,
+    },
     /// Reload what can be reloaded (as SIGHUP).
     Reload,
     /// The listeners and their connections.
@@ -177,10 +206,29 @@ fn request_of(command: &CtlCommand) -> (&'static str, String, Option<Value>) {
             "/api/v1/publish".into(),
             Some(json!({ "topic": topic, "payload": message, "qos": qos, "retain": retain })),
         ),
+        CtlCommand::Nodes => ("GET", "/api/v1/nodes".into(), None),
+        CtlCommand::Drain { node, cancel: true, .. } => {
+            ("DELETE", format!("/api/v1/nodes/{}/drain", q(node)), None)
+        }
+        CtlCommand::Drain { node, rate, cancel: false } => (
+            "POST",
+            format!("/api/v1/nodes/{}/drain", q(node)),
+            Some(settings(&[("rate", rate.map(u64::from))])),
+        ),
+        CtlCommand::Rebalance { rate, timeout_secs } => (
+            "POST",
+            "/api/v1/cluster/rebalance".into(),
+            Some(settings(&[("rate", rate.map(u64::from)), ("timeout_secs", *timeout_secs)])),
+        ),
         CtlCommand::Reload => ("POST", "/api/v1/reload".into(), None),
         CtlCommand::Listeners => ("GET", "/api/v1/listeners".into(), None),
         CtlCommand::Metrics => ("GET", "/metrics".into(), None),
     }
+}
+
+/// A JSON object of the settings given (those None are left to the API's defaults).
+fn settings(given: &[(&str, Option<u64>)]) -> Value {
+    Value::Object(given.iter().filter_map(|(k, v)| Some((k.to_string(), json!((*v)?)))).collect())
 }
 
 async fn ctl(args: &CtlArgs) -> Result<String, String> {
@@ -223,6 +271,7 @@ fn render(command: &CtlCommand, v: &Value) -> String {
         CtlCommand::Subs { .. } => &["client_id", "filter", "qos", "no_local", "retain_as_published"],
         CtlCommand::Retained { delete: None, .. } => &["topic", "qos", "payload_bytes", "payload"],
         CtlCommand::Listeners => &["transport", "address", "connected", "accepted"],
+        CtlCommand::Nodes => &["name", "state", "connections", "draining", "link", "this_node"],
         CtlCommand::Kick { id } => return format!("kicked {id}\n"),
         CtlCommand::Retained { delete: Some(t), .. } => {
             return format!("cleared the retained message of {t}\n")
