@@ -1,6 +1,6 @@
 """Cluster links (crates/braid-cluster/src/link/): what users of a Braid cluster see of the direct
-node-to-node QUIC links that carry live messages between nodes (conftest's braid_cluster turns
-them on: cluster.listen on a free loopback port, one cluster.secret).
+node-to-node links (TCP with TLS 1.3) that carry live messages between nodes (conftest's
+braid_cluster turns them on: cluster.listen on a free loopback TCP port, one cluster.secret).
 
 Checked here:
   1. cross-node QoS 1 between clean sessions goes over the link and costs Redis no command per
@@ -10,22 +10,25 @@ Checked here:
      the dead node's Redis inbox (path="redis"), the persistent subscriber, back on another node,
      loses no acknowledged message, and the restarted node is linked to again (a new link);
   3. a node with another cluster.secret (or one too short) is refused at start (exit status 2);
-  4. a forged link (aioquic, as an outsider would): a hello with a wrong proof is closed with
-     application error 1, a hello that does not parse with 2, one never finished after
-     cluster.link_timeout_ms, and the real links are untouched;
-  5. a link cut (iptables DROP of the peer's link port, in a network namespace of the test's own)
-     while both nodes still reach Redis: messages go through Redis meanwhile and back over the
-     link after, with no acknowledged QoS 1/2 message lost and no QoS 2 message twice.
+  4. a forged link (Python's ssl over a socket, as an outsider would): a hello with a wrong proof
+     is answered with the refusal frame "\x00wrong secret", a hello that does not parse with
+     "\x00malformed hello", each followed by the close; a hello never finished (and a connection
+     that never even starts TLS) is closed after cluster.link_timeout_ms; the real links are
+     untouched;
+  5. a link cut (iptables DROP of TCP to or from the peer's link port, in a network namespace of
+     the test's own) while both nodes still reach Redis: messages go through Redis meanwhile and
+     back over the link after, with no acknowledged QoS 1/2 message lost and no QoS 2 message
+     twice.
 
 test_cluster_faults.py covers the rest of the fault matrix (SIGKILL of the subscribers' node with
 QoS 1 and 2 and a reconnect elsewhere, Redis restarts, partitions), now with links on too.
 """
-import asyncio
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -43,7 +46,6 @@ from v5util import connect_props
 pytestmark = pytest.mark.braid_only
 
 ALPN = "braid-cluster/1"
-REFUSED, MALFORMED = 1, 2  # QUIC application close codes of a link's handshake
 LEASE_S = 3.0              # cluster.lease_ms in conftest's braid_cluster
 
 
@@ -156,9 +158,11 @@ def test_cross_node_qos1_goes_over_the_link_without_redis_commands_per_message(b
 # --------------------------------------------------------------------------------------------------
 # test_cluster_faults.py's SIGKILL test already checks that a killed node's persistent
 # subscribers, back on another node, lose no acknowledged QoS 1/2 message. Here the link's side
-# of it: the publisher's node had messages waiting for the dead peer's acknowledgement; after
-# cluster.link_timeout_ms (2 s) of silence it sends them through the peer's Redis inbox, which
-# the node that takes the peer over reads. Then the peer comes back and is linked to anew.
+# of it: the publisher's node had messages waiting for the dead peer's acknowledgement; once the
+# link fails (here at once: the dead process's kernel closes its TCP connection; a dead machine
+# would take cluster.link_timeout_ms, 2 s, of silence) it sends them through the peer's Redis
+# inbox, which the node that takes the peer over reads. Then the peer comes back and is linked
+# to anew.
 
 def test_peer_killed_messages_on_its_link_go_through_redis_then_it_is_linked_again(braid_cluster, connect,
                                                                                    mosquitto_sub):
@@ -267,50 +271,51 @@ def test_node_with_another_secret_is_refused_at_start(braid_cluster, connect):
 # --------------------------------------------------------------------------------------------------
 
 def _hello(node, incarnation, proof):
-    """A link hello frame: 4-byte big-endian length, then version 1 and u32-LE-length fields."""
-    body = bytes([1]) + b"".join(len(f).to_bytes(4, "little") + f for f in (node, incarnation, proof))
+    """A link hello frame: version 1 and u32-LE-length fields."""
+    return _frame(bytes([1]) + b"".join(len(f).to_bytes(4, "little") + f for f in (node, incarnation, proof)))
+
+
+def _frame(body):
+    """A link frame: 4-byte big-endian length, then ``body``."""
     return len(body).to_bytes(4, "big") + body
 
 
-def _forge(addr, frame, timeout=5.0):
-    """Dials the link address ``addr`` (ALPN braid-cluster/1, certificate not checked), sends
-    ``frame`` on a bidirectional stream and keeps the connection alive (a PING every 0.25 s)
-    until the node closes it: returns (the ConnectionTerminated event, seconds it took), with
-    aioquic, an independent QUIC implementation."""
-    from aioquic.asyncio import connect as quic_connect
-    from aioquic.asyncio.protocol import QuicConnectionProtocol
-    from aioquic.quic.configuration import QuicConfiguration
-    from aioquic.quic.events import ConnectionTerminated
-
-    class Forger(QuicConnectionProtocol):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self.closed = asyncio.get_running_loop().create_future()
-
-        def quic_event_received(self, event):
-            if isinstance(event, ConnectionTerminated) and not self.closed.done():
-                self.closed.set_result(event)
-
-    async def run():
-        host, port = addr.rsplit(":", 1)
-        config = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE,
-                                   server_name="n1")
-        async with quic_connect(host, int(port), configuration=config, create_protocol=Forger) as conn:
-            start = time.monotonic()
-            conn._quic.send_stream_data(conn._quic.get_next_available_stream_id(), frame)
-            while not conn.closed.done():
-                if time.monotonic() - start > timeout:
-                    raise AssertionError(f"the node did not close a forged link within {timeout} s")
-                conn._quic.send_ping(0)
-                conn.transmit()
-                await asyncio.wait([conn.closed], timeout=0.25)
-            return conn.closed.result(), time.monotonic() - start
-
-    return asyncio.run(run())
+def _forge(addr, frame, timeout=5.0, tls=True):
+    """Dials the link address ``addr`` over TCP, makes the TLS handshake with Python's ssl (ALPN
+    braid-cluster/1, TLS 1.3, certificate not checked) and sends ``frame`` (``tls`` False: sends
+    nothing at all, not even a ClientHello), then reads until the node closes the connection:
+    returns (the bytes it sent, how it closed, seconds from the frame to the close)."""
+    host, port = addr.rsplit(":", 1)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols([ALPN])
+    with socket.create_connection((host, int(port)), timeout=timeout) as raw:
+        conn = raw
+        if tls:
+            conn = ctx.wrap_socket(raw, server_hostname="n1")
+            assert conn.version() == "TLSv1.3", f"link TLS version {conn.version()}"
+            assert conn.selected_alpn_protocol() == ALPN, f"ALPN {conn.selected_alpn_protocol()!r}"
+        start, got = time.monotonic(), b""
+        conn.sendall(frame)
+        while True:
+            conn.settimeout(max(0.01, start + timeout - time.monotonic()))
+            try:
+                chunk = conn.recv(65536)
+            except socket.timeout:
+                raise AssertionError(f"the node did not close a forged link within {timeout} s "
+                                     f"(it sent {got!r})") from None
+            except (ssl.SSLEOFError, ConnectionResetError) as e:
+                how = type(e).__name__            # no close_notify / a TCP reset
+                break
+            if not chunk:
+                how = "EOF"
+                break
+            got += chunk
+        return got, how, time.monotonic() - start
 
 
 def test_forged_link_is_refused_and_real_links_go_on(braid_cluster, connect):
-    pytest.importorskip("aioquic", reason="aioquic (tests/interop/requirements.txt): run scripts/install-test-deps")
     nodes = braid_cluster(2)
     n1, n2 = nodes
     t12, t21 = unique("cl/12"), unique("cl/21")
@@ -336,24 +341,32 @@ def test_forged_link_is_refused_and_real_links_go_on(braid_cluster, connect):
     assert re.fullmatch(r"127\.0\.0\.1:\d+", addr), f"braid:links n1 = {addr!r}"
 
     # An impostor saying it is n2, with a proof that is not one.
-    wrong, _ = _forge(addr, _hello(b"n2", b"n2@1", os.urandom(32)))
+    wrong = _forge(addr, _hello(b"n2", b"n2@1", os.urandom(32)))
     # Bytes that are no hello at all.
-    garbage, _ = _forge(addr, (5).to_bytes(4, "big") + b"hello")
-    # A hello begun and never finished (100 bytes announced, 4 sent), the connection kept alive:
-    # closed once cluster.link_timeout_ms (2 s) is over, not held open.
-    unfinished, after_s = _forge(addr, (100).to_bytes(4, "big") + b"\x01n2\x00\x00")
+    garbage = _forge(addr, _frame(b"hello"))
+    # A hello begun and never finished (100 bytes announced, 4 sent): closed once
+    # cluster.link_timeout_ms (2 s) is over, not held open.
+    unfinished = _forge(addr, (100).to_bytes(4, "big") + b"\x01n2\x00\x00")
+    # A TCP connection that never even starts TLS: the same.
+    silent = _forge(addr, b"", tls=False)
 
     exchange("after")
     after = {k: _link(*v) for k, v in links.items()}
     log = n1.log_text()
-    report = (f"wrong proof: closed with {wrong!r}; garbage: closed with {garbage!r}; unfinished "
-              f"hello: closed after {after_s:.2f} s with {unfinished!r}; links {before} before, {after} after")
+    report = (f"wrong proof: {wrong[0]!r} then {wrong[1]} after {wrong[2]:.2f} s; garbage: {garbage[0]!r} "
+              f"then {garbage[1]} after {garbage[2]:.2f} s; unfinished hello: {unfinished[0]!r} then "
+              f"{unfinished[1]} after {unfinished[2]:.2f} s; no TLS: {silent[0]!r} then {silent[1]} after "
+              f"{silent[2]:.2f} s; links {before} before, {after} after")
     print(report)
-    assert (wrong.error_code, wrong.frame_type, wrong.reason_phrase) == (REFUSED, None, "wrong secret"), report
-    assert (garbage.error_code, garbage.frame_type) == (MALFORMED, None), report
-    assert '(says it is node "n2") did not prove cluster.secret' in log, _cluster_log(n1)
+    # Each refusal is one frame, then the close (well before the link timeout).
+    assert wrong[0] == _frame(b"\x00wrong secret") and wrong[2] < 1.5, report
+    assert garbage[0] == _frame(b"\x00malformed hello") and garbage[2] < 1.5, report
+    assert 'a peer saying it is node "n2" did not prove cluster.secret' in log, _cluster_log(n1)
     assert "a malformed hello" in log, _cluster_log(n1)
-    assert after_s > 1.5 and "no hello from" in log, report + "\n" + _cluster_log(n1)
+    # Nothing but the close for connections without a hello, after the link timeout.
+    for r in (unfinished, silent):
+        assert r[0] == b"" and 1.5 < r[2] < 4.0, report + "\n" + _cluster_log(n1)
+    assert log.count("no hello in 2000 ms") == 2, report + "\n" + _cluster_log(n1)
     # The real links were not disturbed: never down, nothing through Redis.
     for k in links:
         assert after[k]["up"] == 1 and after[k]["connects"] == before[k]["connects"], report
@@ -367,11 +380,13 @@ def test_forged_link_is_refused_and_real_links_go_on(braid_cluster, connect):
 # file runs itself as a script (`link-cut`): Redis and two nodes (cluster.link_timeout_ms 1000),
 # a persistent subscriber on n2 (QoS 1 and QoS 2 topics) and a publisher on n1 sending 50 msg/s
 # on each. After 4 s, iptables drops the link's packets for 6 s, then lets them through again for
-# 4 s more: "both-ways" drops every UDP packet to or from n2's link port (`-I INPUT -p udp --dport
-# PORT -j DROP`, and `--sport PORT`: n2 dials from that port too), "to-n2" only those to it (n1
-# still hears n2, which stops hearing n1), "from-n2" only those from it (n2 gets the messages and
-# routes them, n1 never hears that it did: it sends them again through Redis, and n2 must drop
-# those copies). The scenario prints its counts as one JSON line; the test judges them.
+# 4 s more: "both-ways" drops every TCP segment to or from n2's link port (`-I INPUT -p tcp
+# --dport PORT -j DROP`, and `--sport PORT`), "to-n2" only those to it (n1 still hears n2, which
+# stops hearing n1), "from-n2" only those from it (n2 gets the messages and routes them, n1 never
+# hears that it did, nor gets TCP's acknowledgements: it sends them again through Redis, and n2
+# must drop those copies). n1 notices the cut by TCP_USER_TIMEOUT (what it sent stays
+# unacknowledged) or by n2's counts stopping, both set to cluster.link_timeout_ms. The scenario
+# prints its counts as one JSON line; the test judges them.
 
 BEFORE_S, CUT_S, AFTER_S = 4.0, 6.0, 4.0
 LINK_TIMEOUT_MS = 1000
@@ -400,7 +415,7 @@ def _link_cut_scenario(direction):
         wait_routed(pub, s, t2)
         _wait_link_up(n1, "n2")
         port = redis.cli("HGET", "braid:links", "n2").rsplit(":", 1)[1]
-        rules = [["INPUT", "-p", "udp", f"--{p}", port, "-j", "DROP"]
+        rules = [["INPUT", "-p", "tcp", f"--{p}", port, "-j", "DROP"]
                  for p in {"both-ways": ("dport", "sport"), "to-n2": ("dport",),
                            "from-n2": ("sport",)}[direction]]
         m = {"routed": _link(n1, "n2")}

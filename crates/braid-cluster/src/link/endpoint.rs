@@ -1,11 +1,22 @@
-//! The QUIC endpoint of a node's links: it listens on `cluster.listen` for its peers and dials
-//! them from the same socket. TLS 1.3 encrypts every link; the certificate is a self-signed one
-//! made at start and not verified by the dialer: a link is authenticated by the cluster's
-//! secret, proven over the TLS session's exported keys (see [`super::handshake`]).
+//! The transport of a node's links: TCP with TLS 1.3. The node listens on `cluster.listen` for
+//! its peers and dials theirs. The certificate is a self-signed one made at start and not
+//! verified by the dialer: a link is authenticated by the cluster's secret, proven over the TLS
+//! session's exported keys (see [`super::handshake`]).
+//!
+//! Why not QUIC, which the client-facing listeners offer: a link is one long-lived bulk stream
+//! each way between two nodes on a LAN, where head-of-line blocking between streams does not
+//! arise (acknowledgements travel the other way, never behind bulk data). Measured on loopback
+//! (bench/CLUSTER.md), quinn spent more CPU per forwarded message than the Redis path it
+//! replaces (its packets' encryption and bookkeeping in user space, and its driver tasks),
+//! where the kernel's TCP segments and acknowledges at no cost to the process.
 
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::pki_types::{PrivateKeyDer, ServerName};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::ClusterError;
 use braid_broker::config::ClusterConfig;
@@ -13,69 +24,103 @@ use braid_broker::config::ClusterConfig;
 /// ALPN protocol id of a link.
 const ALPN: &[u8] = b"braid-cluster/1";
 
-/// The largest UDP payload over IPv4.
-const MAX_UDP_PAYLOAD: u16 = 65_507;
+/// A link's TLS stream, either side.
+pub(crate) type LinkStream = tokio_rustls::TlsStream<TcpStream>;
 
-/// Bytes a stream may have in flight unacknowledged: a link carries a whole node's traffic.
-const STREAM_WINDOW: u32 = 16 << 20;
-
-/// Binds `config.listen` as a QUIC server and client endpoint.
-pub(crate) fn bind(config: &ClusterConfig) -> Result<quinn::Endpoint, ClusterError> {
-    let bad = |e: &dyn std::fmt::Display| ClusterError::Config(format!("cluster.listen: {e}"));
-    let addr: SocketAddr = config.listen.parse().map_err(|e| bad(&e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cert = rcgen::generate_simple_self_signed(vec![config.node.clone()]).map_err(|e| bad(&e))?;
-    let key =
-        rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).map_err(|e| bad(&e))?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| bad(&e))?
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.cert.der().clone()], key)
-        .map_err(|e| bad(&e))?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| bad(&e))?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    let transport = Arc::new(transport(config));
-    server.transport_config(transport.clone());
-
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| bad(&e))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(braid_client::AnyServer(provider)))
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| bad(&e))?;
-    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
-    client.transport_config(transport);
-
-    let socket = UdpSocket::bind(addr).map_err(|e| bad(&format_args!("cannot listen on {addr}: {e}")))?;
-    let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
-    let mut endpoint = quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server), socket, runtime)
-        .map_err(|e| bad(&format_args!("cannot listen on {addr}: {e}")))?;
-    endpoint.set_default_client_config(client);
-    Ok(endpoint)
+/// The node's listening socket and its TLS configurations.
+pub(crate) struct Endpoint {
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    connector: TlsConnector,
+    /// How long sent data may stay unacknowledged by the peer's TCP before the connection is
+    /// given up (`cluster.link_timeout_ms`).
+    timeout: Duration,
 }
 
-/// Every link's transport settings: a peer silent for `link_timeout_ms` is gone (keep-alives
-/// at a quarter of that keep a quiet link up), and wide windows.
-fn transport(config: &ClusterConfig) -> quinn::TransportConfig {
-    let timeout = Duration::from_millis(config.link_timeout_ms);
-    let mut t = quinn::TransportConfig::default();
-    t.max_idle_timeout(quinn::IdleTimeout::try_from(timeout).ok());
-    t.keep_alive_interval(Some(timeout / 4));
-    t.stream_receive_window(STREAM_WINDOW.into());
-    t.receive_window((4 * STREAM_WINDOW).into());
-    t.send_window(4 * u64::from(STREAM_WINDOW));
-    // Packets as large as the path takes (found by probing, up to a loopback's 64 KiB): each
-    // packet costs its own encryption and bookkeeping, so fewer, larger ones cost less CPU.
-    let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(MAX_UDP_PAYLOAD);
-    t.mtu_discovery_config(Some(mtu));
-    t.max_concurrent_uni_streams(4u32.into());
-    t.max_concurrent_bidi_streams(4u32.into());
-    t
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("listener", &self.listener).finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// Binds `config.listen`.
+    pub(crate) fn bind(config: &ClusterConfig) -> Result<Endpoint, ClusterError> {
+        let bad = |e: &dyn std::fmt::Display| ClusterError::Config(format!("cluster.listen: {e}"));
+        let addr: SocketAddr = config.listen.parse().map_err(|e| bad(&e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cert = rcgen::generate_simple_self_signed(vec![config.node.clone()]).map_err(|e| bad(&e))?;
+        let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der()).map_err(|e| bad(&e))?;
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| bad(&e))?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .map_err(|e| bad(&e))?;
+        server.alpn_protocols = vec![ALPN.to_vec()];
+        let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| bad(&e))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(braid_client::AnyServer(provider)))
+            .with_no_client_auth();
+        client.alpn_protocols = vec![ALPN.to_vec()];
+        let socket = std::net::TcpListener::bind(addr)
+            .map_err(|e| bad(&format_args!("cannot listen on {addr}: {e}")))?;
+        socket.set_nonblocking(true).map_err(|e| bad(&e))?;
+        let listener = TcpListener::from_std(socket).map_err(|e| bad(&e))?;
+        Ok(Endpoint {
+            listener,
+            acceptor: TlsAcceptor::from(Arc::new(server)),
+            connector: TlsConnector::from(Arc::new(client)),
+            timeout: Duration::from_millis(config.link_timeout_ms),
+        })
+    }
+
+    /// The address bound.
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The next peer's TCP connection.
+    pub(crate) async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
+        let (stream, from) = self.listener.accept().await?;
+        self.tune(&stream);
+        Ok((stream, from))
+    }
+
+    /// Its TLS handshake, as the listening side.
+    pub(crate) async fn accept_tls(&self, stream: TcpStream) -> std::io::Result<LinkStream> {
+        Ok(self.acceptor.accept(stream).await?.into())
+    }
+
+    /// Connects to `addr`, the link to node `node`, and makes the TLS handshake.
+    pub(crate) async fn connect(&self, addr: SocketAddr, node: &str) -> std::io::Result<LinkStream> {
+        let stream = TcpStream::connect(addr).await?;
+        self.tune(&stream);
+        let name = ServerName::try_from(node.to_string()).map_err(std::io::Error::other)?;
+        Ok(self.connector.connect(name, stream).await?.into())
+    }
+
+    /// No delay for small frames (acknowledgements), and a peer that stops acknowledging what
+    /// was sent (a cut, a dead machine) ends the connection after the link timeout.
+    fn tune(&self, stream: &TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let socket = socket2::SockRef::from(stream);
+        let _ = socket.set_tcp_user_timeout(Some(self.timeout));
+        let keepalive =
+            socket2::TcpKeepalive::new().with_time(self.timeout / 2).with_interval(self.timeout / 4);
+        let _ = socket.set_tcp_keepalive(&keepalive);
+    }
+}
+
+/// The keys both ends of `stream` export from its TLS session.
+pub(crate) fn exported(stream: &LinkStream, label: &[u8]) -> Result<[u8; 32], String> {
+    let keys = match stream {
+        tokio_rustls::TlsStream::Client(s) => s.get_ref().1.export_keying_material([0u8; 32], label, None),
+        tokio_rustls::TlsStream::Server(s) => s.get_ref().1.export_keying_material([0u8; 32], label, None),
+    };
+    keys.map_err(|e| e.to_string())
 }
 
 /// The address other nodes dial: `cluster.advertise`, or the bound address, with an

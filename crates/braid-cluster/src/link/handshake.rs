@@ -11,11 +11,9 @@ use crate::wire::{put, take, take_n, take_text};
 /// The link protocol's version, first byte of a hello.
 const VERSION: u8 = 1;
 /// Label of the keys exported from the TLS session for the proofs.
-const EXPORT_LABEL: &[u8] = b"EXPORTER-braid-cluster-link";
-/// QUIC application close code: the peer's proof was wrong.
-pub(crate) const REFUSED: u32 = 1;
-/// QUIC application close code: the peer sent what the link protocol does not allow.
-pub(crate) const MALFORMED: u32 = 2;
+pub(crate) const EXPORT_LABEL: &[u8] = b"EXPORTER-braid-cluster-link";
+/// First byte of a listener's answer that refuses the link (a hello starts with [`VERSION`]).
+const REFUSAL: u8 = 0;
 
 /// Which side of a link a proof is from.
 #[derive(Debug, Clone, Copy)]
@@ -63,11 +61,19 @@ impl Hello {
     }
 }
 
-/// The keys both ends of `conn` export from its TLS session.
-pub(crate) fn exported(conn: &quinn::Connection) -> Result<[u8; 32], String> {
-    let mut keys = [0u8; 32];
-    conn.export_keying_material(&mut keys, EXPORT_LABEL, b"").map_err(|e| format!("{e:?}"))?;
-    Ok(keys)
+/// The listener's answer that refuses a link, saying why.
+pub(crate) fn refusal(why: &str) -> Vec<u8> {
+    let mut out = vec![REFUSAL];
+    out.extend_from_slice(why.as_bytes());
+    out
+}
+
+/// The listener's answer: its hello, or why it refused the link (`Err`).
+pub(crate) fn answer(frame: &[u8]) -> Result<Hello, String> {
+    match frame.split_first() {
+        Some((&REFUSAL, why)) => Err(format!("refused: {}", String::from_utf8_lossy(why))),
+        _ => Hello::decode(frame),
+    }
 }
 
 /// `role`'s proof on a link between `dialer` and `listener` whose TLS session exported `keys`.
@@ -125,6 +131,13 @@ mod tests {
         let mut other = frame.clone();
         other[0] = 9;
         assert!(Hello::decode(&other).unwrap_err().contains("version 9"));
+    }
+
+    #[test]
+    fn a_refusal_reads_as_one() {
+        assert_eq!(answer(&refusal("wrong secret")).unwrap_err(), "refused: wrong secret");
+        let hello = Hello { node: "n1".into(), incarnation: "n1@5".into(), proof: vec![9; 32] };
+        assert_eq!(answer(&hello.encode()).unwrap(), hello);
     }
 
     #[test]

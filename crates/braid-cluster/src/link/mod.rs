@@ -1,11 +1,12 @@
 //! Node links: live messages go from node to node directly, not through Redis.
 //!
-//! Each node listens on `cluster.listen` (QUIC) and advertises its address in Redis beside its
-//! lease. For every other live node it keeps one outgoing link ([`Link`], driven by
-//! [`outgoing`]): a control stream, on which the two prove the cluster's secret
-//! ([`handshake`]) and the peer sends its acknowledgements, and a bulk stream of frames, each
-//! the messages the link had waiting, packed as an inbox entry packs them ([`crate::wire`]).
-//! Acknowledgements travel on the other side's control stream, never behind bulk data.
+//! Each node listens on `cluster.listen` (TCP with TLS 1.3, see [`endpoint`]) and advertises its
+//! address in Redis beside its lease. For every other node it sends to it keeps one outgoing
+//! link ([`Link`], driven by [`outgoing`]): the two first prove the cluster's secret to each
+//! other ([`handshake`]); then the dialer sends frames, each the messages the link had
+//! waiting, packed as an inbox entry packs them ([`crate::wire`]), and the peer answers with a
+//! running count of those it made safe. Acknowledgements travel the other way on the
+//! connection, never behind bulk data.
 //!
 //! The peer ([`incoming`]) routes each message as its inbox reader would, and acknowledges it
 //! once what it queued is as safe as a single node makes it (written to Redis for persistent
@@ -25,7 +26,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use braid_broker::broker::Broker;
 use braid_broker::config::ClusterConfig;
@@ -38,7 +41,7 @@ use crate::{ClusterError, Shared};
 pub(crate) use incoming::accept;
 
 /// Largest frame a link accepts: a sender closes a frame at [`FRAME_BYTES`], but one message
-/// may be larger.
+/// may be larger (up to MQTT's largest packet).
 const MAX_FRAME: usize = 300 << 20;
 
 /// A sender closes a frame once it holds this many bytes.
@@ -47,7 +50,7 @@ const FRAME_BYTES: usize = 256 << 10;
 /// The links of this node: its endpoint, the address it advertises and a link per peer.
 #[derive(Debug)]
 pub(crate) struct Links {
-    endpoint: quinn::Endpoint,
+    endpoint: Arc<endpoint::Endpoint>,
     /// What other nodes dial.
     pub advertise: String,
     by_node: Mutex<HashMap<String, Arc<Link>>>,
@@ -59,7 +62,7 @@ impl Links {
         if config.listen.is_empty() {
             return Ok(None);
         }
-        let endpoint = endpoint::bind(config)?;
+        let endpoint = Arc::new(endpoint::Endpoint::bind(config)?);
         let bound =
             endpoint.local_addr().map_err(|e| ClusterError::Config(format!("cluster.listen: {e}")))?;
         let advertise = endpoint::advertise(config, bound)?;
@@ -172,7 +175,16 @@ impl Link {
     }
 }
 
-/// The framing of both streams: a 4-byte length, then the frame.
-fn codec() -> tokio_util::codec::LengthDelimitedCodec {
-    tokio_util::codec::LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).new_codec()
+/// The frames a link's connection brings.
+type Frames = FramedRead<ReadHalf<endpoint::LinkStream>, LengthDelimitedCodec>;
+
+/// The frames it takes.
+type FrameSink = FramedWrite<WriteHalf<endpoint::LinkStream>, LengthDelimitedCodec>;
+
+/// Splits a link's connection into its two directions, framed alike: a 4-byte length, then the
+/// frame.
+fn framed(stream: endpoint::LinkStream) -> (Frames, FrameSink) {
+    let codec = || LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).new_codec();
+    let (read, write) = tokio::io::split(stream);
+    (FramedRead::new(read, codec()), FramedWrite::new(write, codec()))
 }

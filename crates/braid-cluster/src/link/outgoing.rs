@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
-use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::endpoint::{exported, Endpoint};
 use super::handshake::{self, Hello, Role};
-use super::{codec, Link, Outgoing, FRAME_BYTES};
+use super::{framed, FrameSink, Frames, Link, Outgoing, FRAME_BYTES};
 use crate::wire::{take_n, Pack};
 use crate::Shared;
 
@@ -28,7 +28,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(crate) async fn run(
     shared: Arc<Shared>,
     shutdown: CancellationToken,
-    endpoint: quinn::Endpoint,
+    endpoint: Arc<Endpoint>,
     link: Arc<Link>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) {
@@ -39,15 +39,14 @@ pub(crate) async fn run(
             break;
         }
         match dial(&shared, &endpoint, &link).await {
-            Ok((conn, control)) => {
+            Ok(halves) => {
                 backoff = Duration::from_millis(50);
                 failing = None;
                 link.up.store(true, Ordering::Relaxed);
                 link.connects.fetch_add(1, Ordering::Relaxed);
                 info!(peer = %link.node, "cluster: link up");
-                let (why, waiting) = forward(&shared, &shutdown, &link, &conn, control, &mut rx).await;
+                let (why, waiting) = forward(&shared, &shutdown, &link, halves, &mut rx).await;
                 link.up.store(false, Ordering::Relaxed);
-                conn.close(0u32.into(), why.as_bytes());
                 for item in waiting {
                     through_redis(&shared, &link, item);
                 }
@@ -100,84 +99,54 @@ fn through_redis(shared: &Shared, link: &Link, item: Outgoing) {
     }
 }
 
-/// The peer's control stream after the handshake.
-type Control = (quinn::SendStream, FramedRead<quinn::RecvStream, tokio_util::codec::LengthDelimitedCodec>);
-
 /// Connects to the peer at the address it advertises in Redis and authenticates both ways.
-async fn dial(
-    shared: &Arc<Shared>,
-    endpoint: &quinn::Endpoint,
-    link: &Link,
-) -> Result<(quinn::Connection, Control), String> {
+async fn dial(shared: &Arc<Shared>, endpoint: &Endpoint, link: &Link) -> Result<(Frames, FrameSink), String> {
     let address = crate::membership::link_address(shared, &link.node)
         .await
         .map_err(|e| format!("reading its address in Redis: {e}"))?
         .ok_or("it advertises no link address")?;
-    let addr = tokio::net::lookup_host(&address)
-        .await
-        .map_err(|e| format!("{address}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{address}: no address"))?;
     let timeout = Duration::from_millis(shared.config.link_timeout_ms);
-    let connecting = endpoint.connect(addr, &link.node).map_err(|e| format!("{address}: {e}"))?;
-    let conn = tokio::time::timeout(timeout, connecting)
-        .await
-        .map_err(|_| format!("{address}: no answer in {} ms", timeout.as_millis()))?
-        .map_err(|e| format!("{address}: {e}"))?;
     let handshake = async {
-        let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-        let _ = send.set_priority(i32::MAX);
-        let keys = handshake::exported(&conn)?;
-        let mut send = FramedWrite::new(send, codec());
-        let mut recv = FramedRead::new(recv, codec());
+        let addr =
+            tokio::net::lookup_host(&address).await.map_err(|e| e.to_string())?.next().ok_or("no address")?;
+        let stream = endpoint.connect(addr, &link.node).await.map_err(|e| e.to_string())?;
+        let keys = exported(&stream, handshake::EXPORT_LABEL)?;
+        let (mut frames, mut out) = framed(stream);
         let secret = &shared.config.secret;
         let proof = handshake::proof(secret, Role::Dialer, &keys, &shared.me, &link.node);
         let hello = Hello { node: shared.me.clone(), incarnation: shared.incarnation.clone(), proof };
-        send.send(Bytes::from(hello.encode())).await.map_err(|e| e.to_string())?;
-        let answer = match recv.next().await {
-            Some(Ok(frame)) => Hello::decode(&frame)?,
+        out.send(Bytes::from(hello.encode())).await.map_err(|e| e.to_string())?;
+        let answer = match frames.next().await {
+            Some(Ok(frame)) => handshake::answer(&frame)?,
             Some(Err(e)) => return Err(e.to_string()),
-            None => return Err(refusal(&conn)),
+            None => return Err("closed during the handshake".into()),
         };
         if answer.node != link.node {
-            return Err(format!("{address} is node {:?} now", answer.node));
+            return Err(format!("it is node {:?} now", answer.node));
         }
         if !handshake::verify(secret, Role::Listener, &keys, &shared.me, &link.node, &answer.proof) {
-            conn.close(handshake::REFUSED.into(), b"wrong secret");
             return Err("its proof of cluster.secret is wrong: the nodes' secrets differ".into());
         }
-        Ok((send.into_inner(), recv))
+        Ok((frames, out))
     };
     match tokio::time::timeout(timeout, handshake).await {
-        Ok(Ok(control)) => Ok((conn, control)),
+        Ok(Ok(halves)) => Ok(halves),
         Ok(Err(e)) => Err(format!("{address}: {e}")),
-        Err(_) => Err(format!("{address}: no answer to the hello in {} ms", timeout.as_millis())),
+        Err(_) => Err(format!("{address}: no answer in {} ms", timeout.as_millis())),
     }
 }
 
-/// Why the peer closed the connection during the handshake.
-fn refusal(conn: &quinn::Connection) -> String {
-    match conn.close_reason() {
-        Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == handshake::REFUSED.into() => {
-            "refused: the nodes' cluster.secret differ".into()
-        }
-        Some(e) => e.to_string(),
-        None => "closed during the handshake".into(),
-    }
-}
-
-/// Sends what comes over `conn` until the link fails; returns why, and the messages that were
+/// Sends what comes over the link until it fails; returns why, and the messages that were
 /// waiting for an acknowledgement then.
 async fn forward(
     shared: &Shared,
     shutdown: &CancellationToken,
     link: &Link,
-    conn: &quinn::Connection,
-    control: Control,
+    (acks, out): (Frames, FrameSink),
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
 ) -> (String, Vec<Outgoing>) {
     let mut waiting: VecDeque<(u64, Outgoing)> = VecDeque::new();
-    let why = send_frames(shared, shutdown, link, conn, control, rx, &mut waiting).await;
+    let why = send_frames(shared, shutdown, link, acks, out, rx, &mut waiting).await;
     (why, waiting.into_iter().map(|(_, item)| item).collect())
 }
 
@@ -187,32 +156,24 @@ async fn send_frames(
     shared: &Shared,
     shutdown: &CancellationToken,
     link: &Link,
-    conn: &quinn::Connection,
-    (control, mut acks): Control,
+    mut acks: Frames,
+    mut out: FrameSink,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     waiting: &mut VecDeque<(u64, Outgoing)>,
 ) -> String {
-    let bulk = match conn.open_uni().await {
-        Ok(s) => s,
-        Err(e) => return e.to_string(),
-    };
-    let _ = bulk.set_priority(0);
-    let mut bulk = FramedWrite::new(bulk, codec());
     let mut sent = 0u64;
-    // When the peer last sent a count, and when its QUIC stack last acknowledged a packet of
-    // ours: a count that keeps coming says only that the way back works (a one-way cut, or a
-    // peer that does not get what this node sends, leaves the second still).
-    let (mut heard, mut heard_back, mut transport_acks) = (Instant::now(), Instant::now(), 0);
+    // When the peer last sent its count (at least every 200 ms): a peer that sends no count
+    // for the link timeout while messages wait is gone. (One that no longer acknowledges what
+    // this node sends at the TCP level is noticed by the kernel, see [`Endpoint`].)
+    let mut heard = Instant::now();
     let timeout = Duration::from_millis(shared.config.link_timeout_ms);
     let mut watchdog = tokio::time::interval(timeout / 4);
-    let _control = control;
     loop {
         tokio::select! {
             biased;
             ack = acks.next() => match ack {
                 Some(Ok(frame)) => {
                     let Ok(upto) = take_n::<8>(&mut &frame[..]).map(u64::from_le_bytes) else {
-                        conn.close(handshake::MALFORMED.into(), b"bad acknowledgement");
                         return "the peer sent a malformed acknowledgement".into();
                     };
                     heard = Instant::now();
@@ -223,7 +184,7 @@ async fn send_frames(
                     }
                 }
                 Some(Err(e)) => return e.to_string(),
-                None => return conn.close_reason().map_or("closed by the peer".into(), |e| e.to_string()),
+                None => return "closed by the peer".into(),
             },
             item = rx.recv() => {
                 let Some(first) = item else { return "shutting down".into() };
@@ -246,20 +207,13 @@ async fn send_frames(
                         waiting.push_back((sent, item));
                     }
                 }
-                if let Err(e) = bulk.send(Bytes::from(pack.into_bytes())).await {
+                if let Err(e) = out.send(Bytes::from(pack.into_bytes())).await {
                     return e.to_string();
                 }
             }
             _ = watchdog.tick() => {
-                let acks = conn.stats().frame_rx.acks;
-                if acks != transport_acks {
-                    (transport_acks, heard_back) = (acks, Instant::now());
-                }
                 if !waiting.is_empty() && heard.elapsed() > timeout {
                     return format!("no word from the peer in {} ms", timeout.as_millis());
-                }
-                if !waiting.is_empty() && heard_back.elapsed() > timeout {
-                    return format!("the peer has received nothing from this node in {} ms", timeout.as_millis());
                 }
             }
             _ = shutdown.cancelled() => return "shutting down".into(),
