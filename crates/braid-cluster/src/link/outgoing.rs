@@ -216,7 +216,11 @@ async fn send_frames(
                     return format!("no word from the peer in {} ms", timeout.as_millis());
                 }
             }
-            _ = shutdown.cancelled() => return "shutting down".into(),
+            _ = shutdown.cancelled() => {
+                // A clean end (TLS close_notify): the peer does not take it for a lost link.
+                let _ = out.close().await;
+                return "shutting down".into();
+            }
         }
     }
 }
