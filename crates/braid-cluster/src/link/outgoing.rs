@@ -218,7 +218,7 @@ async fn send_frames(
             }
             _ = shutdown.cancelled() => {
                 // A clean end (TLS close_notify): the peer does not take it for a lost link.
-                let _ = out.close().await;
+                let _ = SinkExt::<Bytes>::close(&mut out).await;
                 return "shutting down".into();
             }
         }
