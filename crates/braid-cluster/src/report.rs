@@ -10,7 +10,7 @@ use crate::Shared;
 
 /// Help of `braid_cluster_link_messages_total`.
 const LINK_MESSAGES: &str =
-    "Messages sent to the peer, by the way they went: over its link, or through its Redis inbox while the link could not carry them.";
+    "Messages sent to the peer, by the way they went: over its link, or through its Redis inbox while the link could not carry them (one written to a link that failed before the peer acknowledged it counts on both).";
 
 /// The live nodes, as the heartbeat last read them, and whether this node serves.
 pub(crate) struct Nodes(pub(crate) Arc<Shared>);

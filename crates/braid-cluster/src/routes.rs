@@ -21,9 +21,7 @@ use crate::link::Link;
 use crate::membership;
 use crate::redis::bytes;
 use crate::streams::{last_id, position, read_log};
-use crate::wire;
 use crate::{log_failure, Shared};
-use bytes::Bytes;
 
 /// The remote subscriber that stands for another node: what is published here goes over the
 /// link to that node (see [`crate::link`]), the publisher's acknowledgement waiting for the
@@ -59,17 +57,16 @@ impl RemoteSink for NodeSink {
             // Published here: over the link. What came from another node keeps the inbox's
             // path, whose reader waits for the store's ticket before acknowledging its entry.
             Some(link) if fwd.msg.remote_id.is_none() => {
-                let record = Bytes::from(wire::record(&self.shared.incarnation, &fwd, false));
-                if fwd.msg.qos == QoS::AtMostOnce {
-                    link.send(record);
-                    return Delivered::queued(0);
-                }
                 let after = match fwd.msg.qos {
+                    QoS::AtMostOnce => {
+                        link.send(fwd);
+                        return Delivered::queued(0);
+                    }
+                    QoS::AtLeastOnce => 0,
                     QoS::ExactlyOnce => self.shared.store.written_by(fwd.msg.origin),
-                    _ => 0,
                 };
                 Delivered {
-                    confirm: Some(link.send_confirmed(&self.shared, record, after)),
+                    confirm: Some(link.send_confirmed(&self.shared, fwd, after)),
                     ..Delivered::queued(0)
                 }
             }

@@ -274,12 +274,7 @@ impl RedisStore {
 
     /// Queues `fwd` for `node`'s inbox (`relayed`: passed on by a relay); returns its ticket.
     pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward, relayed: bool) -> Ticket {
-        self.forward_record(node, wire::record(incarnation, fwd, relayed))
-    }
-
-    /// Queues a message already made a [`wire::record`] for `node`'s inbox; returns its ticket.
-    pub(crate) fn forward_record(&self, node: &str, record: Vec<u8>) -> Ticket {
-        let inbox = self.keys.inbox(node);
+        let (inbox, record) = (self.keys.inbox(node), wire::record(incarnation, fwd, relayed));
         self.queue(|ticket| Job::Forward { ticket, inbox, record })
     }
 

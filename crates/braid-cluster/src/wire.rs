@@ -48,6 +48,15 @@ impl Pack {
         put(&mut self.0, record);
     }
 
+    /// Adds `fwd` as a [`record`] made in place (no record of its own to copy).
+    pub(crate) fn push_forward(&mut self, incarnation: &str, fwd: &Forward) {
+        let at = self.0.len();
+        self.0.extend_from_slice(&[0; 4]);
+        write_record(&mut self.0, incarnation, fwd, false);
+        let len = (self.0.len() - at - 4) as u32;
+        self.0[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    }
+
     /// The packed size in bytes.
     pub(crate) fn len(&self) -> usize {
         self.0.len()
@@ -70,23 +79,27 @@ impl Pack {
 /// message's number there, what a receiver recognises a message it got twice by), `relayed`
 /// or not.
 pub(crate) fn record(incarnation: &str, fwd: &Forward, relayed: bool) -> Vec<u8> {
+    let mut record = Vec::with_capacity(fwd.msg.payload.len() + fwd.msg.topic.len() + 64);
+    write_record(&mut record, incarnation, fwd, relayed);
+    record
+}
+
+/// Appends [`record`]'s bytes to `out`.
+fn write_record(out: &mut Vec<u8>, incarnation: &str, fwd: &Forward, relayed: bool) {
     // A message passed on again keeps the identity it came with.
     let (sender, n) = match &fwd.msg.remote_id {
         Some(id) => (&*id.sender, id.number),
         None => (incarnation, fwd.id),
     };
-    let message = codec::message(&fwd.msg);
-    let mut record = Vec::with_capacity(message.len() + fwd.msg.origin_client.len() + sender.len() + 32);
-    record.push(if fwd.scope.plain { PLAIN } else { 0 } | if relayed { RELAYED } else { 0 });
-    record.extend_from_slice(&(fwd.scope.groups.len() as u32).to_le_bytes());
+    out.push(if fwd.scope.plain { PLAIN } else { 0 } | if relayed { RELAYED } else { 0 });
+    out.extend_from_slice(&(fwd.scope.groups.len() as u32).to_le_bytes());
     for g in &fwd.scope.groups {
-        put(&mut record, g.as_bytes());
+        put(out, g.as_bytes());
     }
-    put(&mut record, fwd.msg.origin_client.as_bytes());
-    put(&mut record, sender.as_bytes());
-    record.extend_from_slice(&n.to_le_bytes());
-    record.extend_from_slice(&message);
-    record
+    put(out, fwd.msg.origin_client.as_bytes());
+    put(out, sender.as_bytes());
+    out.extend_from_slice(&n.to_le_bytes());
+    out.extend_from_slice(&codec::message(&fwd.msg));
 }
 
 /// XADD to `inbox` of a request to hand `client_id`'s session over to `from`, for a client
@@ -228,6 +241,19 @@ mod tests {
         assert!(!got[1].scope.plain && got[1].relayed);
         let id = got[1].msg.remote_id.clone().unwrap();
         assert_eq!((&*id.sender, id.number, &*got[1].msg.origin_client), ("n1@5", 2, "pub"));
+    }
+
+    #[test]
+    fn a_record_made_in_place_is_the_record() {
+        let fwd = Forward {
+            msg: Arc::new(message(vec![5; 7])),
+            scope: Scope { plain: true, groups: vec![] },
+            id: 3,
+        };
+        let (mut pushed, mut made) = (Pack::default(), Pack::default());
+        pushed.push(&record("n1@5", &fwd, false));
+        made.push_forward("n1@5", &fwd);
+        assert_eq!(made.0, pushed.0);
     }
 
     #[test]

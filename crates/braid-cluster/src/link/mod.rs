@@ -24,7 +24,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::io::{ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
@@ -32,7 +31,7 @@ use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use braid_broker::broker::Broker;
 use braid_broker::config::ClusterConfig;
-use braid_broker::router::Confirm;
+use braid_broker::router::{Confirm, Forward};
 use braid_broker::store::Ticket;
 use braid_proto::ReasonCode;
 
@@ -97,12 +96,12 @@ impl Links {
     }
 }
 
-/// A message for a link: its record (see [`crate::wire::record`]) and, for QoS 1/2, who
-/// waits for it to be safe: told 0 once the peer acknowledged it, or the store ticket of its
-/// write to the peer's Redis inbox when the link could not carry it.
+/// A message for a link (encoded by the link's task, off the publisher's path) and, for QoS
+/// 1/2, who waits for it to be safe: told 0 once the peer acknowledged it, or the store ticket
+/// of its write to the peer's Redis inbox when the link could not carry it.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
-    record: Bytes,
+    fwd: Forward,
     ack: Option<oneshot::Sender<Ticket>>,
     /// Not sent before this store ticket is durable (see [`Link::send_confirmed`]).
     after: Ticket,
@@ -135,21 +134,21 @@ impl Link {
         }
     }
 
-    /// Sends a QoS 0 message's `record`: no acknowledgement, at most once.
-    pub(crate) fn send(&self, record: Bytes) {
-        let _ = self.tx.send(Outgoing { record, ack: None, after: 0 });
+    /// Sends a QoS 0 message: no acknowledgement, at most once.
+    pub(crate) fn send(&self, fwd: Forward) {
+        let _ = self.tx.send(Outgoing { fwd, ack: None, after: 0 });
     }
 
-    /// Sends a QoS 1/2 message's `record`, once store ticket `after` is durable (0: at once);
+    /// Sends a QoS 1/2 message, once store ticket `after` is durable (0: at once);
     /// the confirmation resolves once the peer acknowledged it or, when the link could not
     /// carry it, once it is in the peer's Redis inbox.
     ///
     /// `after` keeps exactly once across a publishing node's death: a QoS 2 message leaves only
     /// once its persistent publisher's packet id is in Redis, so a PUBLISH resent to another node
     /// is known there, as when the message went through the inbox in the same pipeline.
-    pub(crate) fn send_confirmed(&self, shared: &Arc<Shared>, record: Bytes, after: Ticket) -> Confirm {
+    pub(crate) fn send_confirmed(&self, shared: &Arc<Shared>, fwd: Forward, after: Ticket) -> Confirm {
         let (ack, acked) = oneshot::channel();
-        let _ = self.tx.send(Outgoing { record, ack: Some(ack), after });
+        let _ = self.tx.send(Outgoing { fwd, ack: Some(ack), after });
         let shared = shared.clone();
         Confirm::new(async move {
             match acked.await {

@@ -45,9 +45,11 @@ pub(crate) async fn run(
                 link.up.store(true, Ordering::Relaxed);
                 link.connects.fetch_add(1, Ordering::Relaxed);
                 info!(peer = %link.node, "cluster: link up");
-                let (why, waiting) = forward(&shared, &shutdown, &link, halves, &mut rx).await;
+                // Sent and not acknowledged yet, by their count on the link.
+                let mut waiting = VecDeque::new();
+                let why = forward(&shared, &shutdown, &link, halves, &mut rx, &mut waiting).await;
                 link.up.store(false, Ordering::Relaxed);
-                for item in waiting {
+                for (_, item) in waiting {
                     through_redis(&shared, &link, item);
                 }
                 if shutdown.is_cancelled() {
@@ -93,7 +95,7 @@ pub(crate) async fn run(
 /// for that write.
 fn through_redis(shared: &Shared, link: &Link, item: Outgoing) {
     link.fell_back.fetch_add(1, Ordering::Relaxed);
-    let ticket = shared.store.forward_record(&link.node, item.record.to_vec());
+    let ticket = shared.store.forward(&link.node, &shared.incarnation, &item.fwd, false);
     if let Some(ack) = item.ack {
         let _ = ack.send(ticket);
     }
@@ -136,28 +138,13 @@ async fn dial(shared: &Arc<Shared>, endpoint: &Endpoint, link: &Link) -> Result<
     }
 }
 
-/// Sends what comes over the link until it fails; returns why, and the messages that were
-/// waiting for an acknowledgement then.
+/// Sends what comes over the link until it fails, and returns why; `waiting` holds what was
+/// sent and not acknowledged, by its count on the link.
 async fn forward(
     shared: &Shared,
     shutdown: &CancellationToken,
     link: &Link,
-    (acks, out): (Frames, FrameSink),
-    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-) -> (String, Vec<Outgoing>) {
-    let mut waiting: VecDeque<(u64, Outgoing)> = VecDeque::new();
-    let why = send_frames(shared, shutdown, link, acks, out, rx, &mut waiting).await;
-    (why, waiting.into_iter().map(|(_, item)| item).collect())
-}
-
-/// The body of [`forward`]: `waiting` holds what was sent and not acknowledged, by its count on
-/// the link.
-async fn send_frames(
-    shared: &Shared,
-    shutdown: &CancellationToken,
-    link: &Link,
-    mut acks: Frames,
-    mut out: FrameSink,
+    (mut acks, mut out): (Frames, FrameSink),
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     waiting: &mut VecDeque<(u64, Outgoing)>,
 ) -> String {
@@ -188,11 +175,12 @@ async fn send_frames(
             },
             item = rx.recv() => {
                 let Some(first) = item else { return "shutting down".into() };
+                let size = |i: &Outgoing| i.fwd.msg.payload.len() + i.fwd.msg.topic.len();
+                let mut bytes = size(&first);
                 let mut items = vec![first];
-                let mut bytes = items[0].record.len();
                 while bytes < FRAME_BYTES {
                     let Ok(item) = rx.try_recv() else { break };
-                    bytes += item.record.len();
+                    bytes += size(&item);
                     items.push(item);
                 }
                 if let Some(after) = items.iter().map(|i| i.after).max().filter(|a| *a > 0) {
@@ -201,7 +189,7 @@ async fn send_frames(
                 let mut pack = Pack::default();
                 link.sent.fetch_add(items.len() as u64, Ordering::Relaxed);
                 for item in items {
-                    pack.push(&item.record);
+                    pack.push_forward(&shared.incarnation, &item.fwd);
                     sent += 1;
                     if item.ack.is_some() {
                         waiting.push_back((sent, item));
