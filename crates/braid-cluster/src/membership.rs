@@ -104,9 +104,14 @@ pub(crate) async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResul
 
 /// The nodes whose lease is held, sorted.
 pub(crate) async fn live_nodes(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<Vec<String>> {
-    let names: Vec<String> = redis::cmd("HKEYS").arg(shared.keys.nodes()).query_async(conn).await?;
+    live_in(&shared.keys, conn).await
+}
+
+/// [`live_nodes`] under `keys`, for a node that is not serving yet.
+async fn live_in(keys: &Keys, conn: &mut Conn) -> redis::RedisResult<Vec<String>> {
+    let names: Vec<String> = redis::cmd("HKEYS").arg(keys.nodes()).query_async(conn).await?;
     let exists: Vec<redis::Cmd> =
-        names.iter().map(|n| redis::cmd("EXISTS").arg(shared.keys.lease(n)).clone()).collect();
+        names.iter().map(|n| redis::cmd("EXISTS").arg(keys.lease(n)).clone()).collect();
     let alive = if names.is_empty() { Vec::new() } else { conn.run_all(&exists).await? };
     let mut live: Vec<String> =
         names.into_iter().zip(alive).filter(|(_, v)| int(v) == Some(1)).map(|(n, _)| n).collect();
@@ -131,16 +136,11 @@ pub(crate) async fn check_secret(
     let theirs: Option<String> =
         redis::cmd("GET").arg(keys.secret()).query_async(conn).await.map_err(redis_err)?;
     if theirs.as_deref().is_some_and(|t| t != mine) {
-        let names: Vec<String> =
-            redis::cmd("HKEYS").arg(keys.nodes()).query_async(conn).await.map_err(redis_err)?;
-        for n in names.iter().filter(|n| **n != config.node) {
-            let held: bool =
-                redis::cmd("EXISTS").arg(keys.lease(n)).query_async(conn).await.map_err(redis_err)?;
-            if held {
-                return Err(ClusterError::Config(format!(
-                    "cluster.secret: not the secret of the running nodes (node {n:?} has another): give every node the same secret"
-                )));
-            }
+        let live = live_in(keys, conn).await.map_err(redis_err)?;
+        if let Some(n) = live.iter().find(|n| **n != config.node) {
+            return Err(ClusterError::Config(format!(
+                "cluster.secret: not the secret of the running nodes (node {n:?} has another): give every node the same secret"
+            )));
         }
     }
     // No live node has another secret (a cluster restarted with a new one): this one counts.
