@@ -95,7 +95,7 @@ struct Shared {
     /// False while this node may not serve (cut off from Redis past its lease).
     serving: AtomicBool,
     /// A remote subscriber for each other node: by its routes, and as a relay.
-    sinks: Mutex<HashMap<(String, bool), RemoteRef>>,
+    sinks: Mutex<HashMap<(String, bool), Arc<RemoteRef>>>,
     /// Nodes taken over here whose routes have not come back (see [`routes::NodeSink`]).
     gone: Mutex<HashSet<String>>,
     /// How many of the broker's filter changes were written to the route log, and the store

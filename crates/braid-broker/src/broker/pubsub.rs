@@ -300,8 +300,8 @@ impl Broker {
 
     /// Gives `sink`, a subscriber that is not a session of this broker (another node, a
     /// bridge), an id among sessions, to subscribe it with [`Broker::subscribe_remote`].
-    pub fn remote_sink(&self, sink: Arc<dyn RemoteSink>) -> RemoteRef {
-        RemoteRef { id: self.next_session_id.fetch_add(1, Ordering::Relaxed), sink }
+    pub fn remote_sink(&self, sink: Arc<dyn RemoteSink>) -> Arc<RemoteRef> {
+        Arc::new(RemoteRef { id: self.next_session_id.fetch_add(1, Ordering::Relaxed), sink })
     }
 
     /// Subscribes `remote` to `filter` (a `$share/{group}/` filter makes it a group member)
@@ -309,7 +309,7 @@ impl Broker {
     /// `Err(0x8F)` for an invalid filter.
     pub fn subscribe_remote(
         &self,
-        remote: &RemoteRef,
+        remote: &Arc<RemoteRef>,
         filter: &str,
         options: SubscriptionOptions,
     ) -> Result<bool, ReasonCode> {
@@ -328,6 +328,12 @@ impl Broker {
     /// How many filter changes were sent to the watcher so far (see [`Broker::watch_filters`]).
     pub fn filter_changes(&self) -> u64 {
         self.router.read().changes()
+    }
+
+    /// The filters `remote` is subscribed to (a walk over every subscription: not for the
+    /// publish path).
+    pub fn remote_filters(&self, remote: &RemoteRef) -> Vec<Box<str>> {
+        self.router.read().filters_of(remote.id)
     }
 
     /// Removes `remote`'s subscription to `filter`; true if it existed.

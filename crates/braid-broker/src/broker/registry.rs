@@ -240,7 +240,7 @@ impl Broker {
         &self,
         client_id: &str,
         now: Instant,
-        relay: Option<&RemoteRef>,
+        relay: Option<&Arc<RemoteRef>>,
         will: WillOnRelease,
     ) -> Option<(Ticket, Vec<ByteString>)> {
         let session = self.sessions.lock().get(client_id)?.0.clone();

@@ -121,9 +121,9 @@ pub struct RemoteRef {
 pub enum Subscriber {
     /// A session of this broker.
     Session(Arc<Session>),
-    /// Something that is not local (see [`RemoteSink`]). Boxed: remote subscribers are few,
-    /// and a session's subscription is 8 bytes smaller for it in every subscriber list.
-    Remote(Box<RemoteRef>),
+    /// Something that is not local (see [`RemoteSink`]). Shared by all its subscriptions: a
+    /// cluster node holds one for every other node's filters, so each costs a pointer.
+    Remote(Arc<RemoteRef>),
 }
 
 impl Subscriber {
@@ -185,9 +185,9 @@ pub struct SubEntry {
 
 impl SubEntry {
     /// A subscription of remote subscriber `to` (never merged, on no stream).
-    pub fn remote(to: RemoteRef, options: SubscriptionOptions) -> SubEntry {
+    pub fn remote(to: Arc<RemoteRef>, options: SubscriptionOptions) -> SubEntry {
         SubEntry {
-            to: Subscriber::Remote(Box::new(to)),
+            to: Subscriber::Remote(to),
             options,
             sub_id: None,
             merge_overlaps: false,

@@ -214,6 +214,21 @@ impl Router {
         true
     }
 
+    /// The filters (`$share/{group}/...` for a group) subscriber `id` has subscriptions to.
+    /// A walk over the whole table: for rare work (a node's routes reset, a resync).
+    pub fn filters_of(&self, id: u64) -> Vec<Box<str>> {
+        let mut filters = Vec::new();
+        self.trie.each_slot(&mut |filter, slot| {
+            if slot.subs.iter().any(|e| e.to.id() == id) {
+                filters.push(full_filter(filter, None));
+            }
+            for g in slot.groups().iter().filter(|g| g.members.iter().any(|e| e.to.id() == id)) {
+                filters.push(full_filter(filter, Some(&g.name)));
+            }
+        });
+        filters
+    }
+
     /// Number of subscriptions (each shared-group member counts once).
     pub fn len(&self) -> usize {
         self.trie.len()
@@ -452,6 +467,21 @@ mod tests {
         assert!(!r.unsubscribe("a/+/c", None, 1));
         assert!(r.is_empty());
         assert!(routed(&r, "a/b/c").is_empty());
+    }
+
+    #[test]
+    fn filters_of_lists_a_subscribers_plain_and_group_filters() {
+        let mut r = Router::new(SharedStrategy::RoundRobin, Overlapping::Single);
+        let (s1, s2) = (session(1), session(2));
+        r.subscribe("a/+", None, entry(&s1));
+        r.subscribe("a/+", Some("g"), entry(&s1));
+        r.subscribe("q", Some("$queue"), entry(&s1));
+        r.subscribe("a/b", None, entry(&s2));
+        let mut of_1 = r.filters_of(1);
+        of_1.sort();
+        assert_eq!(of_1, ["$queue/q".into(), "$share/g/a/+".into(), "a/+".into()] as [Box<str>; 3]);
+        assert_eq!(r.filters_of(2), ["a/b".into()] as [Box<str>; 1]);
+        assert!(r.filters_of(3).is_empty());
     }
 
     #[test]
