@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use braid_broker::broker::{Arrival, Broker, Holder};
 use braid_broker::message::RemoteId;
+use braid_broker::session::Wakes;
 use braid_broker::store::Ticket;
 use braid_proto::ByteString;
 use parking_lot::Mutex;
@@ -290,6 +291,8 @@ pub(crate) fn route_now(
     };
     let mut ticket = 0;
     let mut held = Vec::new();
+    // The subscribers' connections are woken once for the whole batch (when this is dropped).
+    let mut wakes = Wakes::default();
     let now = match hold_relayed {
         false => std::mem::take(&mut backlog.messages),
         true => {
@@ -315,7 +318,8 @@ pub(crate) fn route_now(
             (Source::Own, Some(number)) => Arrival::Returned(number),
             (Source::Own, None) => Arrival::Sent,
         };
-        let published = broker.publish_forwarded(msg, &scope, arrival, now);
+        let mut published = broker.publish_forwarded(msg, &scope, arrival, now);
+        wakes.append(&mut published.wakes);
         shared.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ticket = ticket.max(published.ticket);
         held.extend(published.held);

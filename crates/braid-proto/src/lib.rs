@@ -18,7 +18,7 @@ mod ws;
 
 pub use bytes::{Bytes, BytesMut};
 pub use bytestring::ByteString;
-pub use codec::{decode, encode, encoded_len, packet_size};
+pub use codec::{decode, encode, encode_publish, encoded_len, packet_size};
 pub use error::{DecodeError, EncodeError};
 pub use packet::*;
 pub use properties::{Properties, PropertyValues};

@@ -137,6 +137,42 @@ pub struct Publish {
     pub payload: Bytes,
 }
 
+/// A PUBLISH to encode from borrowed parts (see [`crate::encode_publish`]): a broker writes
+/// each delivery of a message from the message's own topic and payload, cloning nothing and
+/// touching no reference count they share with the other deliveries.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishView<'a> {
+    /// DUP flag.
+    pub dup: bool,
+    /// QoS.
+    pub qos: QoS,
+    /// RETAIN flag.
+    pub retain: bool,
+    /// Topic name; may be empty in v5 when a Topic Alias is used.
+    pub topic: &'a str,
+    /// Packet identifier; 0 for QoS 0.
+    pub packet_id: u16,
+    /// v5 PUBLISH properties.
+    pub properties: &'a Properties,
+    /// Application payload.
+    pub payload: &'a [u8],
+}
+
+impl Publish {
+    /// This PUBLISH as a [`PublishView`].
+    pub fn view(&self) -> PublishView<'_> {
+        PublishView {
+            dup: self.dup,
+            qos: self.qos,
+            retain: self.retain,
+            topic: &self.topic,
+            packet_id: self.packet_id,
+            properties: &self.properties,
+            payload: &self.payload,
+        }
+    }
+}
+
 /// PUBACK, PUBREC, PUBREL and PUBCOMP share this shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack {

@@ -45,7 +45,7 @@ use crate::metrics::Metrics;
 use crate::report::Report;
 use crate::retained::Retained;
 use crate::router::{Confirm, Router};
-use crate::session::{Restore, Session};
+use crate::session::{Restore, Session, Wakes};
 use crate::store::{self, Store, StoreError, Ticket};
 use crate::trace::Tracer;
 use live::Live;
@@ -144,6 +144,9 @@ pub struct Published {
     /// What the acknowledgement also waits for: remote subscribers' confirmations (see
     /// [`crate::router::Confirm`]).
     pub confirms: Vec<Confirm>,
+    /// The subscribers' connections to wake, woken when this is dropped (after the router's
+    /// lock is released) unless the caller takes them to wake later, with others.
+    pub wakes: Wakes,
 }
 
 /// How a message from another node came here, which decides who among the subscribers its

@@ -16,7 +16,7 @@ use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::router::{FilterChange, Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber, Target};
-use crate::session::{Enqueued, OtherMembers, Session};
+use crate::session::{Enqueued, OtherMembers, Session, Wakes};
 use crate::store::{Op, SubscriptionRecord, Ticket};
 
 impl Broker {
@@ -70,13 +70,14 @@ impl Broker {
             }
         }
         session.lock().save(self.unix_secs(now));
+        let mut wakes = Wakes::default();
         for (filter, qos) in retained_for {
             let matching = self.retained.read().matching(&filter, now);
             for msg in matching {
                 let qos = qos.min(msg.qos);
                 let d =
                     Delivery { msg, qos, retain: true, sub_ids: sub_id.into(), seq: 0, stream, group: None };
-                let _ = self.deliver(session, d, now);
+                let _ = self.deliver(session, d, now, &mut wakes);
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
@@ -204,7 +205,7 @@ impl Broker {
     /// One whose group has lost its other members meanwhile goes back to `from`.
     pub(super) fn hand_to_other_members(
         &self,
-        from: &Session,
+        from: &Arc<Session>,
         others: &OtherMembers,
         taken: Vec<Delivery>,
         now: Instant,
@@ -212,13 +213,14 @@ impl Broker {
         if taken.is_empty() {
             return;
         }
-        let router = self.router.read();
+        // Declared first, so dropped (its connections woken) after the router's lock.
         let mut out = Published::default();
+        let router = self.router.read();
         for d in taken {
             let pick =
                 others.of(&d).and_then(|(group, filter)| router.pick_instead(filter, group, from.id, &d.msg));
             let Some(target) = pick else {
-                self.deliver(from, d, now);
+                self.deliver(from, d, now, &mut out.wakes);
                 continue;
             };
             // Under a new identity: a node it goes to may have seen the one it came with.
@@ -271,7 +273,7 @@ impl Broker {
     fn deliver_to_sessions(&self, msg: &Arc<Message>, targets: &[Target], out: &mut Published, now: Instant) {
         for e in targets {
             let Subscriber::Session(session) = e.to else { continue };
-            let (r, ticket) = self.deliver(session, e.delivery(msg), now);
+            let (r, ticket) = self.deliver(session, e.delivery(msg), now, &mut out.wakes);
             out.ticket = out.ticket.max(ticket);
             let paced_until = match r {
                 Enqueued::QueuedOverLimit => None,
@@ -285,8 +287,14 @@ impl Broker {
         }
     }
 
-    fn deliver(&self, session: &Session, d: Delivery, now: Instant) -> (Enqueued, Ticket) {
-        let r = session.deliver(d, now);
+    fn deliver(
+        &self,
+        session: &Arc<Session>,
+        d: Delivery,
+        now: Instant,
+        wakes: &mut Wakes,
+    ) -> (Enqueued, Ticket) {
+        let r = session.deliver(d, now, wakes);
         self.count_drop(r.0);
         r
     }

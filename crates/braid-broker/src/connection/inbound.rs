@@ -21,7 +21,7 @@ use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::router::Confirm;
-use crate::session::{Qos2Ids, Session};
+use crate::session::{Qos2Ids, Session, Wakes};
 use crate::store::Ticket;
 use crate::trace::Direction;
 use futures_util::FutureExt;
@@ -71,6 +71,9 @@ pub(crate) struct Inbound<'a> {
     /// This reader's part of the connection's Receive Maximum count (besides the session's
     /// unreleased QoS 2 ids): a data stream's unreleased QoS 2 ids and PUBACKs not sent yet.
     window: WindowShare,
+    /// Subscribers' connections to wake once the packets of this read are handled (see
+    /// [`Inbound::handle_buffered`]).
+    wakes: Wakes,
 }
 
 /// Why a connection is not read from, though no acknowledgement is held.
@@ -155,6 +158,7 @@ impl<'a> Inbound<'a> {
             stream: StreamTag::default(),
             stream_qos2: None,
             window: WindowShare::default(),
+            wakes: Wakes::default(),
         }
     }
 
@@ -230,7 +234,22 @@ impl<'a> Inbound<'a> {
     /// ends it; replies are encoded into `out`. `check` sees each packet first and may refuse
     /// it (a transport's own rules, e.g. packets a QUIC data stream may not carry). Every
     /// transport reads through this loop.
+    ///
+    /// The subscribers' connections the PUBLISHes of this read deliver to are woken once, at
+    /// the end: each then writes all the read brought it in one go.
     pub(crate) fn handle_buffered(
+        &mut self,
+        rbuf: &mut ReadBuffer,
+        now: Instant,
+        out: &mut BytesMut,
+        check: impl FnMut(&Packet) -> Option<Flow>,
+    ) -> Flow {
+        let flow = self.handle_packets(rbuf, now, out, check);
+        self.wakes.wake_all();
+        flow
+    }
+
+    fn handle_packets(
         &mut self,
         rbuf: &mut ReadBuffer,
         now: Instant,
@@ -458,7 +477,8 @@ impl<'a> Inbound<'a> {
                 (Some(ack), ticket)
             }
         };
-        let published = self.broker.publish(msg, now);
+        let mut published = self.broker.publish(msg, now);
+        self.wakes.append(&mut published.wakes);
         ticket = ticket.max(published.ticket);
         let confirms = published.confirms;
         if !published.held.is_empty() {

@@ -86,6 +86,11 @@ impl Inflight {
         self.window().push_with_id(delivery, id, stage, unsent, now);
     }
 
+    /// The entry added last.
+    pub fn last(&self) -> Option<&Entry> {
+        self.0.as_ref()?.entries.back()
+    }
+
     /// True if packet id `id` is in use.
     pub fn in_use(&self, id: u16) -> bool {
         self.0.as_ref().is_some_and(|w| w.in_use(id))

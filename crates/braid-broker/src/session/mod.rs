@@ -43,6 +43,35 @@ pub struct Session {
     space: OnceBox<Notify>,
 }
 
+/// Sessions whose connections are to be woken for deliveries, gathered on the publish path
+/// and woken once its locks are released ([`Wakes::wake_all`], or when dropped). Gathered
+/// over a whole read of a publisher's packets, they wake each subscriber's connection once for
+/// all the read brought it: it then writes those deliveries together, rather than one at a
+/// time as another worker would pick each wake up. A session is in at most one `Wakes` at a
+/// time.
+#[derive(Debug, Default)]
+pub struct Wakes(Vec<Arc<Session>>);
+
+impl Wakes {
+    /// Takes over the sessions of `other`.
+    pub fn append(&mut self, other: &mut Wakes) {
+        self.0.append(&mut other.0);
+    }
+
+    /// Wakes the connections of every session gathered so far.
+    pub fn wake_all(&mut self) {
+        for session in self.0.drain(..) {
+            session.wake_owed();
+        }
+    }
+}
+
+impl Drop for Wakes {
+    fn drop(&mut self) {
+        self.wake_all();
+    }
+}
+
 /// The prefix of the client ids of in-process clients (see
 /// [`crate::connection::in_process`]); no client from the network may use it.
 pub const IN_PROCESS: &str = "$internal/";
@@ -64,23 +93,41 @@ impl Session {
         self.state.lock()
     }
 
-    /// Offers a delivery at `now` and wakes the attached connection, if any. Returns what
-    /// became of it and the ticket of the session's latest store change (see [`crate::store`]).
-    pub fn deliver(&self, d: Delivery, now: std::time::Instant) -> (Enqueued, crate::store::Ticket) {
+    /// Offers a delivery at `now`; the attached connection, if any, is to be woken: the
+    /// session goes into `wakes` unless it waits in one already. Returns what became of the
+    /// delivery and the ticket of the session's latest store change (see [`crate::store`]).
+    pub fn deliver(
+        self: &Arc<Self>,
+        d: Delivery,
+        now: std::time::Instant,
+        wakes: &mut Wakes,
+    ) -> (Enqueued, crate::store::Ticket) {
         let mut st = self.state.lock();
         let r = st.enqueue(d, now);
-        if let Some(link) = &st.link {
-            if matches!(
-                r,
-                Enqueued::Queued
-                    | Enqueued::QueuedOverLimit
-                    | Enqueued::Paced(_)
-                    | Enqueued::QueuedDroppedOldest(_)
-            ) {
-                link.ctl.wake();
+        let queued = matches!(
+            r,
+            Enqueued::Queued
+                | Enqueued::QueuedOverLimit
+                | Enqueued::Paced(_)
+                | Enqueued::QueuedDroppedOldest(_)
+        );
+        if let Some(link) = st.link.as_mut().filter(|_| queued) {
+            if !std::mem::replace(&mut link.wake_owed, true) {
+                wakes.0.push(self.clone());
             }
         }
         (r, st.ticket())
+    }
+
+    /// Wakes the attached connection, if any, for the wake it is owed.
+    fn wake_owed(&self) {
+        let ctl = self.state.lock().link.as_mut().map(|l| {
+            l.wake_owed = false;
+            l.ctl.clone()
+        });
+        if let Some(ctl) = ctl {
+            ctl.wake();
+        }
     }
 
     /// Waits until this session lets the caller, a publisher it holds back, go on: in turn

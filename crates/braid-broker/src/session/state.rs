@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::{
-    encode, Ack, ByteString, BytesMut, LastWill, Packet, Properties, ProtocolVersion, Publish, QoS,
-    ReasonCode,
+    encode, encode_publish, Ack, ByteString, BytesMut, LastWill, Packet, Properties, ProtocolVersion,
+    PublishView, QoS, ReasonCode,
 };
 
 use super::adaptive::micros;
@@ -20,7 +20,7 @@ use super::queue::{Enqueued, Queue, QueueLimits};
 use super::subscriptions::Subscriptions;
 use crate::config::OverflowPolicy;
 use crate::control::ConnControl;
-use crate::message::{Delivery, StreamTag};
+use crate::message::{Delivery, Message, StreamTag};
 use crate::store::{self, SessionRecord, Stored, Ticket};
 use crate::transport::Transport;
 
@@ -35,6 +35,9 @@ pub struct Link {
     pub max_packet_size: u32,
     /// Unacknowledged QoS 1/2 deliveries allowed (client Receive Maximum, capped by config).
     pub window: u16,
+    /// A wake is owed: the session waits in a [`super::Wakes`], so deliveries made meanwhile
+    /// need no wake of their own.
+    pub(super) wake_owed: bool,
     /// Server-assigned topic aliases.
     pub aliases: OutboundAliases,
     /// Closes the connection (takeover, protocol error, shutdown).
@@ -81,7 +84,16 @@ impl Link {
         ctl: Arc<ConnControl>,
     ) -> Link {
         let aliases = OutboundAliases::new(topic_alias_maximum);
-        Link { generation: 0, version, max_packet_size, window, aliases, ctl, origin: Origin::default() }
+        Link {
+            generation: 0,
+            version,
+            max_packet_size,
+            window,
+            wake_owed: false,
+            aliases,
+            ctl,
+            origin: Origin::default(),
+        }
     }
 }
 
@@ -568,21 +580,23 @@ impl SessionState {
             }
             let Some(e) = self.inflight.next_unsent(at) else { break };
             let buf = out.buffer(e.delivery.stream);
-            let p = match e.stage {
-                Stage::Published => match publish_packet(link, &e.delivery, e.packet_id, true, now) {
-                    Some(p) => Packet::Publish(p),
+            match e.stage {
+                Stage::Published => match publish_head(link, &e.delivery, e.packet_id, true, now) {
+                    Some(head) => {
+                        let _ = encode_publish(&head.view(&e.delivery.msg), version, buf);
+                    }
                     None => {
                         // Too large for the client now: discard it as if sent (MQTT-3.1.2-25).
                         let (id, stage) = (e.packet_id, e.stage);
                         let seq = self.inflight.complete(id, stage).map_or(0, |(seq, _)| seq);
                         done(&mut self.persist, seq);
                         t.too_large += 1;
-                        continue;
                     }
                 },
-                Stage::Released => Packet::PubRel(Ack::new(e.packet_id)),
-            };
-            let _ = encode(&p, version, buf);
+                Stage::Released => {
+                    let _ = encode(&Packet::PubRel(Ack::new(e.packet_id)), version, buf);
+                }
+            }
         }
         while !t.more && !self.queue.is_empty() {
             // The oldest delivery whose stream has room (with one buffer: the front, if any).
@@ -607,28 +621,32 @@ impl SessionState {
                 t.expired += 1;
                 continue;
             }
-            let Some(mut p) = publish_packet(link, &d, 1, false, now) else {
+            let Some(mut head) = publish_head(link, &d, 1, false, now) else {
                 done(&mut self.persist, d.seq);
                 t.too_large += 1;
                 continue;
             };
             let buf = out.buffer(d.stream);
+            t.published[head.qos as usize] += 1;
             match (d.qos, stored_id, self.persist.as_deref_mut()) {
                 (QoS::AtMostOnce, _, persist) => {
                     if let Some(persist) = persist {
                         persist.done(d.seq);
                     }
+                    let _ = encode_publish(&head.view(&d.msg), version, buf);
+                    continue;
                 }
                 (_, Some(id), Some(persist)) => {
                     persist.stage(d.seq, store::Stage::Sent);
-                    p.packet_id = id;
+                    head.packet_id = id;
                     self.inflight.push_with_id(d, id, Stage::Published, false, at);
                 }
-                _ => p.packet_id = self.inflight.push(d, at),
+                _ => head.packet_id = self.inflight.push(d, at),
             }
-            let qos = p.qos as usize;
-            let _ = encode(&Packet::Publish(p), version, buf);
-            t.published[qos] += 1;
+            // Encoded from the entry it is now: the message's topic and payload are borrowed.
+            if let Some(sent) = self.inflight.last() {
+                let _ = encode_publish(&head.view(&sent.delivery.msg), version, buf);
+            }
         }
         if self.queue.is_empty() {
             self.behind_since = None;
@@ -643,18 +661,50 @@ const ALIAS_PROPERTY_LEN: usize = 3;
 /// The largest packet MQTT can express (fixed header included), a bit over 256 MiB.
 const MAX_PACKET: usize = 268_435_455 + 5;
 
+/// A delivery's PUBLISH on one link but for its topic and payload, which it borrows from the
+/// message when it is encoded ([`PublishHead::view`]): nothing of the message is cloned per
+/// delivery, and no reference count the other deliveries share is touched.
+struct PublishHead {
+    dup: bool,
+    qos: QoS,
+    retain: bool,
+    packet_id: u16,
+    properties: Properties,
+    /// The topic goes as an alias the client knows: the topic name is empty.
+    aliased: bool,
+}
+
+impl PublishHead {
+    fn view<'a>(&'a self, msg: &'a Message) -> PublishView<'a> {
+        PublishView {
+            dup: self.dup,
+            qos: self.qos,
+            retain: self.retain,
+            topic: if self.aliased { "" } else { &msg.topic },
+            packet_id: self.packet_id,
+            properties: &self.properties,
+            payload: &msg.payload,
+        }
+    }
+}
+
 /// The PUBLISH for one delivery on this link, with expiry, subscription id and topic alias
 /// applied; `None` if it exceeds the client's Maximum Packet Size (the spec says drop it).
-fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now: Instant) -> Option<Publish> {
+fn publish_head(
+    link: &mut Link,
+    d: &Delivery,
+    packet_id: u16,
+    dup: bool,
+    now: Instant,
+) -> Option<PublishHead> {
     let msg = &d.msg;
-    let mut p = Publish {
+    let mut p = PublishHead {
         dup: dup && d.qos != QoS::AtMostOnce,
         qos: d.qos,
         retain: d.retain,
-        topic: msg.topic.clone(),
         packet_id: if d.qos == QoS::AtMostOnce { 0 } else { packet_id.max(1) },
         properties: Properties::default(),
-        payload: msg.payload.clone(),
+        aliased: false,
     };
     if link.version.is_v5() {
         // Only write when there is something to set: writing boxes empty properties.
@@ -669,7 +719,7 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
     }
     // Most clients set no Maximum Packet Size: then there is nothing to measure.
     let max = link.max_packet_size as usize;
-    let len = if max >= MAX_PACKET { 0 } else { p.encoded_len(link.version) };
+    let len = if max >= MAX_PACKET { 0 } else { p.view(msg).encoded_len(link.version) };
     if len > max {
         return None;
     }
@@ -679,7 +729,7 @@ fn publish_packet(link: &mut Link, d: &Delivery, packet_id: u16, dup: bool, now:
             AliasUse::Define(a) => p.properties.topic_alias = Some(a),
             AliasUse::Reuse(a) => {
                 p.properties.topic_alias = Some(a);
-                p.topic = ByteString::new();
+                p.aliased = true;
             }
         }
     }
@@ -691,7 +741,7 @@ mod tests {
     use super::*;
     use crate::config::SessionConfig;
     use crate::message::Message;
-    use braid_proto::{decode, Bytes};
+    use braid_proto::{decode, Bytes, Publish};
     use std::time::Duration;
 
     fn limits(max: usize) -> Arc<QueueLimits> {

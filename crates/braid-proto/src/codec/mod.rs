@@ -20,7 +20,7 @@ mod test_util;
 use bytes::{BufMut, BytesMut};
 
 use self::primitives::{parse_varint, put_varint, varint_len, Reader, MAX_VARINT};
-use crate::{DecodeError, EncodeError, Packet, ProtocolVersion, QoS};
+use crate::{DecodeError, EncodeError, Packet, ProtocolVersion, PublishView, QoS};
 
 /// The body of a packet after the fixed header: how long it is and how to write it.
 trait Body {
@@ -199,7 +199,7 @@ fn first_byte(packet: &Packet) -> u8 {
     match packet {
         Packet::Connect(_) => 0x10,
         Packet::ConnAck(_) => 0x20,
-        Packet::Publish(p) => 0x30 | u8::from(p.dup) << 3 | (p.qos as u8) << 1 | u8::from(p.retain),
+        Packet::Publish(p) => publish_first_byte(p.dup, p.qos, p.retain),
         Packet::PubAck(_) => 0x40,
         Packet::PubRec(_) => 0x50,
         Packet::PubRel(_) => 0x62,
@@ -213,6 +213,10 @@ fn first_byte(packet: &Packet) -> u8 {
         Packet::Disconnect(_) => 0xE0,
         Packet::Auth(_) => 0xF0,
     }
+}
+
+fn publish_first_byte(dup: bool, qos: QoS, retain: bool) -> u8 {
+    0x30 | u8::from(dup) << 3 | (qos as u8) << 1 | u8::from(retain)
 }
 
 fn body(packet: &Packet) -> &dyn Body {
@@ -248,14 +252,33 @@ pub fn encode(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) -> 
     if matches!(packet, Packet::Auth(_)) && !version.is_v5() {
         return Err(EncodeError::Unsupported);
     }
-    let body = body(packet);
+    encode_body(first_byte(packet), body(packet), version, buf)
+}
+
+/// Appends the encoding of a PUBLISH made of borrowed parts to `buf`, as [`encode`] does for a
+/// [`Packet::Publish`].
+pub fn encode_publish(
+    p: &PublishView<'_>,
+    version: ProtocolVersion,
+    buf: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    encode_body(publish_first_byte(p.dup, p.qos, p.retain), p, version, buf)
+}
+
+/// The fixed header's first byte, then the Remaining Length and `body`.
+fn encode_body(
+    first: u8,
+    body: &dyn Body,
+    version: ProtocolVersion,
+    buf: &mut BytesMut,
+) -> Result<(), EncodeError> {
     let body_len = body.body_len(version);
     if body_len > MAX_VARINT {
         return Err(EncodeError::TooLarge);
     }
     let start = buf.len();
     buf.reserve(1 + varint_len(body_len) + body_len);
-    buf.put_u8(first_byte(packet));
+    buf.put_u8(first);
     let written = put_varint(buf, body_len).and_then(|()| body.write_body(version, buf));
     if written.is_err() {
         buf.truncate(start);
@@ -279,6 +302,13 @@ fn frame_len(body_len: usize) -> usize {
 impl crate::Publish {
     /// Bytes [`encode`] writes for this PUBLISH, fixed header included (what a receiver's
     /// Maximum Packet Size is compared with), without wrapping it in a [`Packet`].
+    pub fn encoded_len(&self, version: ProtocolVersion) -> usize {
+        self.view().encoded_len(version)
+    }
+}
+
+impl PublishView<'_> {
+    /// Bytes [`encode_publish`] writes for this PUBLISH, fixed header included.
     pub fn encoded_len(&self, version: ProtocolVersion) -> usize {
         frame_len(self.body_len(version))
     }

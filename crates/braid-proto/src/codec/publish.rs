@@ -8,7 +8,7 @@ use super::primitives::{prefixed_len, put_prefixed, Reader};
 use super::properties::{read_v5_properties, v5_properties_len, write_v5_properties, Context};
 use super::{Body, PublishFlags};
 use crate::topic::valid_topic_name;
-use crate::{DecodeError, EncodeError, ProtocolVersion, Publish, QoS};
+use crate::{DecodeError, EncodeError, ProtocolVersion, Publish, PublishView, QoS};
 
 /// Decodes the body of a PUBLISH whose fixed header carried `flags`.
 ///
@@ -41,8 +41,18 @@ pub(super) fn decode_publish(
 
 impl Body for Publish {
     fn body_len(&self, version: ProtocolVersion) -> usize {
+        self.view().body_len(version)
+    }
+
+    fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
+        self.view().write_body(version, buf)
+    }
+}
+
+impl Body for PublishView<'_> {
+    fn body_len(&self, version: ProtocolVersion) -> usize {
         let packet_id = if self.qos == QoS::AtMostOnce { 0 } else { 2 };
-        let properties = v5_properties_len(&self.properties, version, Context::Publish);
+        let properties = v5_properties_len(self.properties, version, Context::Publish);
         prefixed_len(self.topic.len()) + packet_id + properties + self.payload.len()
     }
 
@@ -51,8 +61,8 @@ impl Body for Publish {
         if self.qos != QoS::AtMostOnce {
             buf.put_u16(self.packet_id);
         }
-        write_v5_properties(&self.properties, version, Context::Publish, buf)?;
-        buf.put_slice(&self.payload);
+        write_v5_properties(self.properties, version, Context::Publish, buf)?;
+        buf.put_slice(self.payload);
         Ok(())
     }
 }
@@ -123,6 +133,24 @@ mod tests {
             }
             let empty_payload = Publish { topic: "t".into(), ..Publish::default() };
             round_trip(&Packet::Publish(empty_payload), version);
+        }
+    }
+
+    #[test]
+    fn a_view_encodes_as_its_publish() {
+        for version in VERSIONS {
+            for (qos, id) in [(QoS::AtMostOnce, 0), (QoS::AtLeastOnce, 1), (QoS::ExactlyOnce, 0xFFFF)] {
+                let p = publish(
+                    qos,
+                    id,
+                    if version.is_v5() { allowed::publish() } else { Properties::default() },
+                );
+                let (mut from_packet, mut from_view) = (BytesMut::new(), BytesMut::new());
+                crate::encode(&Packet::Publish(p.clone()), version, &mut from_packet).unwrap();
+                crate::encode_publish(&p.view(), version, &mut from_view).unwrap();
+                assert_eq!(from_view, from_packet);
+                assert_eq!(p.view().encoded_len(version), from_view.len());
+            }
         }
     }
 

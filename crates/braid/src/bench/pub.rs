@@ -49,6 +49,8 @@ struct PubResult {
     sent: u64,
     /// When the last publish completed (ns since the epoch).
     last_ns: u64,
+    /// The topic it published on (-t rendered for it; empty with --topics-payload).
+    topic: String,
 }
 
 /// QoS 1/2 completions not yet awaited, at most `window`.
@@ -189,7 +191,7 @@ async fn run_plain(
         }
     }
     pending.drain(&stats).await;
-    PubResult { wire_id, sent, last_ns: clock.now_ns() }
+    PubResult { wire_id, sent, last_ns: clock.now_ns(), topic: p.topic.clone() }
 }
 
 /// The client each spec topic publishes with: over QUIC, a data stream per `stream` number
@@ -264,7 +266,7 @@ async fn run_spec(
         p.drain(&stats).await;
     }
     drop(conn);
-    PubResult { wire_id: u32::MAX, sent, last_ns: clock.now_ns() }
+    PubResult { wire_id: u32::MAX, sent, last_ns: clock.now_ns(), topic: String::new() }
 }
 
 /// Reads and checks `--topics-payload`.
@@ -405,7 +407,17 @@ pub(crate) async fn run(args: PubArgs) -> Result<Summary, String> {
 
     if let Some(subs) = subs {
         let n_subs = subs.len() as u64;
-        let expected = sent_total * n_subs;
+        // With -t, each subscriber expects what the publishers sent on topics its filters match
+        // (all of it for `bench/+`, its own publisher's for `bench/p/%i`); with a spec, all.
+        let per_sub = spec.is_none().then(|| {
+            let pubs: Vec<(u32, u64, &str)> =
+                results.iter().map(|r| (r.wire_id, r.sent, r.topic.as_str())).collect();
+            expected_per_subscriber(&subs.filters, &pubs)
+        });
+        let expected = match &per_sub {
+            Some(per_sub) => per_sub.iter().flat_map(|e| e.iter()).map(|&(_, n)| n).sum(),
+            None => sent_total * n_subs,
+        };
         // Wait for the deliveries still under way.
         let drain = Duration::from_secs_f64(args.drain_timeout.max(0.0));
         let mut last = (stats.get(Counter::Recv), Instant::now());
@@ -418,8 +430,7 @@ pub(crate) async fn run(args: PubArgs) -> Result<Summary, String> {
         }
         conn::disconnect_all(clients).await;
         let sub_results = subs.finish().await;
-        let sent: Option<Vec<(u32, u64)>> = (spec.is_none() && args.size >= payload::SHORT_LEN)
-            .then(|| results.iter().map(|r| (r.wire_id, r.sent)).collect());
+        let sent = per_sub.filter(|_| args.size >= payload::SHORT_LEN);
         s.subscribers = n_subs;
         s.expected = expected;
         sub::fill_receive(&mut s, &sub_results, &stats, sent.as_deref(), pub_start_ns);
@@ -433,4 +444,49 @@ pub(crate) async fn run(args: PubArgs) -> Result<Summary, String> {
     s.connect_succ = stats.get(Counter::ConnectSucc);
     s.elapsed_secs = start.elapsed().as_secs_f64();
     Ok(s)
+}
+
+/// What each subscriber should receive, from its rendered filters (`filters[i]`, subscriber i's)
+/// and the publishers' (wire id, messages sent, topic): every publisher whose topic one of its
+/// filters matches. Subscribers with the same filters share one list.
+fn expected_per_subscriber(filters: &[Vec<String>], pubs: &[(u32, u64, &str)]) -> Vec<sub::Expected> {
+    let mut lists: std::collections::HashMap<&[String], sub::Expected> = std::collections::HashMap::new();
+    filters
+        .iter()
+        .map(|f| {
+            lists
+                .entry(f.as_slice())
+                .or_insert_with(|| {
+                    pubs.iter()
+                        .filter(|(_, _, topic)| f.iter().any(|f| braid_proto::topic::matches(f, topic)))
+                        .map(|&(id, n, _)| (id, n))
+                        .collect()
+                })
+                .clone()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscribers_expect_what_their_filters_match() {
+        let pubs = [(0, 10, "bench/p/0"), (1, 20, "bench/p/1"), (2, 30, "bench/p/2")];
+        // --sub-topic bench/p/%i: subscriber i hears publisher i alone.
+        let pairs: Vec<Vec<String>> = (0..3).map(|i| vec![format!("bench/p/{i}")]).collect();
+        let e = expected_per_subscriber(&pairs, &pubs);
+        assert_eq!(
+            e.iter().map(|e| e.to_vec()).collect::<Vec<_>>(),
+            [vec![(0, 10)], vec![(1, 20)], vec![(2, 30)]]
+        );
+        // A wildcard filter: everyone hears everything, one shared list.
+        let fan = vec![vec!["bench/#".to_string()]; 2];
+        let e = expected_per_subscriber(&fan, &pubs);
+        assert_eq!(e[0].iter().map(|&(_, n)| n).sum::<u64>(), 60);
+        assert!(Arc::ptr_eq(&e[0], &e[1]));
+        // No match, nothing expected.
+        assert!(expected_per_subscriber(&[vec!["other".to_string()]], &pubs)[0].is_empty());
+    }
 }

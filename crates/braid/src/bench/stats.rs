@@ -305,15 +305,15 @@ pub(crate) struct Delivery {
     pub out_of_order: u64,
 }
 
-/// Sums the trackers of all subscribers. With `sent` (messages each publisher id sent, known
-/// when publishers run in this process), every subscriber is expected to get all of them;
-/// otherwise loss is the gaps between the first and the last sequence each subscriber saw.
+/// Sums the trackers of all subscribers, each with what it should have received. With
+/// `Some(sent)` (messages each publisher id sent on topics the subscriber's filters match, known
+/// when publishers run in this process), the subscriber is expected to get all of them; with
+/// `None`, its loss is the gaps between the first and the last sequence it saw.
 pub(crate) fn delivery<'a>(
-    trackers: impl IntoIterator<Item = &'a SeqTracker>,
-    sent: Option<&[(u32, u64)]>,
+    trackers: impl IntoIterator<Item = (&'a SeqTracker, Option<&'a [(u32, u64)]>)>,
 ) -> Delivery {
     let mut d = Delivery::default();
-    for t in trackers {
+    for (t, sent) in trackers {
         for (_, s) in t.publishers() {
             d.unique += s.unique;
             d.duplicates += s.duplicates;
@@ -378,9 +378,13 @@ mod tests {
         }
         let p = t.get(3).unwrap();
         assert_eq!((p.first, p.next, p.unique, p.duplicates, p.out_of_order), (0, 1000, 1000, 0, 0));
-        assert_eq!(delivery([&t], None), Delivery { unique: 1000, ..Default::default() });
-        assert_eq!(delivery([&t], Some(&[(3, 1000)])).lost, 0);
-        assert_eq!(delivery([&t], Some(&[(3, 1010), (4, 5)])).lost, 15);
+        assert_eq!(delivery([(&t, None)]), Delivery { unique: 1000, ..Default::default() });
+        assert_eq!(delivery([(&t, Some(&[(3, 1000)][..]))]).lost, 0);
+        assert_eq!(delivery([(&t, Some(&[(3, 1010), (4, 5)][..]))]).lost, 15);
+        // Each subscriber against what its own filters let through.
+        let mut other = SeqTracker::default();
+        other.observe(4, 0, 32);
+        assert_eq!(delivery([(&t, Some(&[(3, 1000)][..])), (&other, Some(&[(4, 2)][..]))]).lost, 1);
         assert!(t.get(4).is_none());
     }
 
@@ -426,6 +430,6 @@ mod tests {
         t.observe(2, 0, 32);
         assert_eq!(t.publishers().count(), 2);
         assert_eq!(t.get(u32::MAX).unwrap().unique, 2);
-        assert_eq!(delivery([&t, &t], None).unique, 6);
+        assert_eq!(delivery([(&t, None), (&t, None)]).unique, 6);
     }
 }

@@ -24,7 +24,13 @@ pub(crate) struct SubResult {
     pub first_ns: u64,
     /// Receive time of the last message.
     pub last_ns: u64,
+    /// The subscriber's place in connect order (its entry in `Subscribers::filters`).
+    pub index: usize,
 }
+
+/// What one subscriber should receive: (publisher id, messages it sent) for every publisher
+/// whose topic the subscriber's filters match.
+pub(crate) type Expected = Arc<[(u32, u64)]>;
 
 /// QoS from 0..=2.
 pub(crate) fn qos(q: u8) -> QoS {
@@ -58,7 +64,7 @@ pub(crate) async fn subscribe(conn: &Conn, filters: &[String], q: u8, username: 
 pub(crate) async fn receive(client: Client, index: usize, stats: Arc<Stats>) -> SubResult {
     let clock = Clock::global();
     let mut lat = LatencyBatch::new(index);
-    let mut r = SubResult::default();
+    let mut r = SubResult { index, ..SubResult::default() };
     while let Some(ev) = client.recv().await {
         match ev {
             Event::Message(p) => {
@@ -100,6 +106,9 @@ pub(crate) struct Subscribers {
     pub others: Arc<Stats>,
     /// Seconds the connect phase took.
     pub connect_secs: f64,
+    /// The filters each subscriber subscribed to (the measured ones), rendered for it, in
+    /// connect order (`SubResult::index`).
+    pub filters: Vec<Vec<String>>,
 }
 
 impl Subscribers {
@@ -122,6 +131,16 @@ impl Subscribers {
         let username = common.username.clone().unwrap_or_default();
         let mut tasks = JoinSet::new();
         let mut clients = Vec::with_capacity(connected.clients.len());
+        // Measured: every filter, or with streams the first one's.
+        let measured = if priorities.is_empty() { filters } else { &filters[..filters.len().min(1)] };
+        let rendered: Vec<Vec<String>> = connected
+            .clients
+            .iter()
+            .map(|c| {
+                let vars = Vars { seq: c.seq, client_id: &c.client_id, username: &username };
+                measured.iter().map(|f| render_topic(f, vars)).collect()
+            })
+            .collect();
         // Subscribe concurrently, a bounded number at a time.
         let mut pending = JoinSet::new();
         let gate = Arc::new(tokio::sync::Semaphore::new(common.max_connecting.max(1)));
@@ -149,7 +168,7 @@ impl Subscribers {
                 tasks.spawn(async move { (measured, receive(client, index, into).await) });
             }
         }
-        Subscribers { clients, tasks, others, connect_secs: connected.secs }
+        Subscribers { clients, tasks, others, connect_secs: connected.secs, filters: rendered }
     }
 
     /// Number of connected subscribers.
@@ -197,16 +216,19 @@ async fn subscribe_on_streams(
     streams
 }
 
-/// Fills the receive side of a summary from the subscribers' results. `since_ns` is the start
-/// of the measured interval (publish start; or, when 0, the first message received).
+/// Fills the receive side of a summary from the subscribers' results. `sent`: what each
+/// subscriber should have received (by `SubResult::index`), as (publisher id, messages sent).
+/// `since_ns` is the start of the measured interval (publish start; or, when 0, the first
+/// message received).
 pub(crate) fn fill_receive(
     s: &mut Summary,
     results: &[SubResult],
     stats: &Stats,
-    sent: Option<&[(u32, u64)]>,
+    sent: Option<&[Expected]>,
     since_ns: u64,
 ) {
-    let d = stats::delivery(results.iter().map(|r| &r.tracker), sent);
+    let expected = |r: &SubResult| sent.map(|sent| sent.get(r.index).map_or(&[][..], |e| &e[..]));
+    let d = stats::delivery(results.iter().map(|r| (&r.tracker, expected(r))));
     s.lost = d.lost;
     s.duplicates = d.duplicates;
     s.out_of_order = d.out_of_order;
