@@ -23,7 +23,9 @@ printf "listener 18830 127.0.0.1\nallow_anonymous true\n" > "$TMP/mosquitto.conf
 mosquitto -c "$TMP/mosquitto.conf" > "$TMP/mosquitto.log" 2>&1 & M=$!
 sleep 0.5; run mosquitto 18830; kill $M; wait $M 2>/dev/null || true
 
-"$BRAID" serve --listen 127.0.0.1:18831 --set "store.data_dir=\"$TMP/data\"" > "$TMP/braid.log" 2>&1 & B=$!
+# The QUIC and admin listeners on free ports, not the defaults another broker may hold.
+"$BRAID" serve --listen 127.0.0.1:18831 --set "store.data_dir=\"$TMP/data\"" \
+  --set 'listeners.quic="127.0.0.1:0"' --set 'listeners.http="127.0.0.1:0"' > "$TMP/braid.log" 2>&1 & B=$!
 sleep 0.5; run braid 18831; kill $B; wait $B 2>/dev/null || true
 
 python3 - "$TMP" "$SECS" <<'PY'

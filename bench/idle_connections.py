@@ -117,7 +117,10 @@ def main():
     conf.close()
     results.append(measure("mosquitto", ["mosquitto", "-c", conf.name], port, n, args.settle))
     port = free_port()
-    results.append(measure("braid", [args.braid, "serve", "--listen", f"127.0.0.1:{port}"], port, n, args.settle))
+    # The QUIC and admin listeners on free ports, not the defaults another broker may hold.
+    braid = [args.braid, "serve", "--listen", f"127.0.0.1:{port}",
+             "--set", 'listeners.quic="127.0.0.1:0"', "--set", 'listeners.http="127.0.0.1:0"']
+    results.append(measure("braid", braid, port, n, args.settle))
     print(f"RSS read after the connections were idle for {args.settle:g} s.")
     print(f"| broker | idle connections | RSS before | RSS with connections | per connection | connects/s |")
     print(f"| --- | --- | --- | --- | --- | --- |")

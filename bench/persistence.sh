@@ -18,7 +18,9 @@ pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work"' EXIT
 
 start() {
+    # The QUIC and admin listeners on free ports, not the defaults another broker may hold.
     "$BRAID" serve --listen "127.0.0.1:$PORT" --set sys.interval_secs=0 \
+        --set 'listeners.quic="127.0.0.1:0"' --set 'listeners.http="127.0.0.1:0"' \
         --set "store.data_dir=\"$work/data\"" "$@" >>"$work/broker.log" 2>&1 &
     pid=$!
     until (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; do

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import urllib.error
@@ -266,6 +267,31 @@ def test_a_non_loopback_admin_listener_without_keys_is_refused_at_start(tmp_path
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "listeners.http" in r.stderr and "admin.api_keys_file" in r.stderr, r.stderr
+
+
+def test_a_second_broker_on_a_taken_address_says_what_to_do(make_broker, tmp_path):
+    """A second `braid serve` on the same machine whose admin (or QUIC) address the first holds
+    stops with status 1, naming the key and how to move it or turn it off."""
+    _, port = admin_broker(make_broker)
+
+    def second(*sets):
+        return subprocess.run([BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
+                               "--set", f'store.data_dir="{tmp_path}"', *sets],
+                              capture_output=True, text=True, timeout=30)
+
+    r = second("--set", "quic.enabled=false", "--set", f'listeners.http="127.0.0.1:{port}"')
+    assert r.returncode == 1, r.stderr
+    assert f"listeners.http: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert "another broker on this machine? Set listeners.http to another address" in r.stderr, r.stderr
+    assert """--set 'listeners.http=\"\"'""" in r.stderr, r.stderr
+    # The QUIC listener, on by default at 0.0.0.0:14567, is the other port two brokers share.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        quic = taken.getsockname()[1]
+        r = second("--set", f'listeners.quic="127.0.0.1:{quic}"', "--set", 'listeners.http=""')
+    assert r.returncode == 1, r.stderr
+    assert f"listeners.quic: cannot listen on 127.0.0.1:{quic}" in r.stderr, r.stderr
+    assert "Set listeners.quic to another address" in r.stderr and "quic.enabled=false" in r.stderr, r.stderr
 
 
 def test_braid_ctl_lists_kicks_publishes_and_reports_errors(make_broker, connect):

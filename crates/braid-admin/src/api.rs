@@ -840,6 +840,7 @@ fn trace_json(t: &Trace, now: Instant) -> Value {
         "target": target,
         "path": t.path.display().to_string(),
         "packets": t.packets.load(std::sync::atomic::Ordering::Relaxed),
+        "dropped": t.dropped.load(std::sync::atomic::Ordering::Relaxed),
         "remaining_secs": t.until.saturating_duration_since(now).as_secs(),
     })
 }

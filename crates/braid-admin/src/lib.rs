@@ -61,6 +61,11 @@ pub(crate) struct Admin {
     pub(crate) reloads: Option<tokio::sync::watch::Receiver<Reloaded>>,
 }
 
+/// What the error of a `listeners.http` address in use adds: what to do about it.
+const ADDR_IN_USE_HINT: &str = "; another broker on this machine? Set listeners.http to another \
+     address (--set listeners.http=127.0.0.1:0 takes a free port) or to \"\" to turn the admin \
+     listener off (--set 'listeners.http=\"\"')";
+
 /// The admin listener, bound, ready to run.
 #[derive(Debug)]
 pub struct AdminListener {
@@ -95,9 +100,14 @@ impl AdminListener {
             true => Some(Reloadable::load(&config.tls).map_err(|e| invalid("admin.tls", &e))?),
             false => None,
         };
-        let tcp = TcpListener::bind(addr)
-            .await
-            .map_err(|e| io::Error::new(e.kind(), format!("listeners.http: cannot listen on {addr}: {e}")))?;
+        let tcp = TcpListener::bind(addr).await.map_err(|e| {
+            // Most often a second broker on the same machine, on the default address.
+            let hint = match e.kind() {
+                io::ErrorKind::AddrInUse => ADDR_IN_USE_HINT,
+                _ => "",
+            };
+            io::Error::new(e.kind(), format!("listeners.http: cannot listen on {addr}: {e}{hint}"))
+        })?;
         let http = tcp.local_addr()?;
         let admin = Arc::new(Admin { broker: broker.clone(), keys, listeners: mqtt, http, reloads });
         Ok(Some(AdminListener { tcp, tls, admin }))

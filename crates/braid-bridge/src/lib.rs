@@ -20,13 +20,12 @@ mod stats;
 pub mod template;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use braid_broker::config::{Config, ConfigError, OverflowPolicy};
 use braid_broker::connection::in_process;
 use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
-use braid_client::{Client, ClientOptions, Connected, InMemory, ProtocolVersion, Transport};
+use braid_client::{Backoff, Client, ClientOptions, Connected, InMemory, ProtocolVersion, Transport};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -256,36 +255,11 @@ pub(crate) async fn leave_stale(
         .map_err(|e| format!("cannot unsubscribe from old filters: {e}"))
 }
 
-/// The growing pause between a bridge's attempts: `first`, doubling up to `max`.
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    first: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(first: Duration, max: Duration) -> Backoff {
-        Backoff { first, max, next: first }
-    }
-
-    /// The pause the next [`Backoff::pause`] takes.
-    pub(crate) fn next(&self) -> Duration {
-        self.next
-    }
-
-    /// The next pause starts at `first` again (the last attempt went well for a while).
-    pub(crate) fn reset(&mut self) {
-        self.next = self.first;
-    }
-
-    /// Pauses, and doubles the next pause; false if the bridge was stopped meanwhile.
-    pub(crate) async fn pause(&mut self, stop: &CancellationToken) -> bool {
-        let paused = tokio::select! {
-            _ = tokio::time::sleep(self.next) => true,
-            _ = stop.cancelled() => false,
-        };
-        self.next = (self.next * 2).min(self.max);
-        paused
+/// Takes `backoff`'s next pause between a bridge's attempts; false if the bridge was stopped
+/// meanwhile.
+pub(crate) async fn pause(backoff: &mut Backoff, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(backoff.pause()) => true,
+        _ = stop.cancelled() => false,
     }
 }

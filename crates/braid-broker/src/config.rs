@@ -9,7 +9,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::transport::{PerTransport, Transport};
+use crate::transport_kind::{PerTransport, Transport};
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -1141,32 +1141,17 @@ fn list(items: &[&str], conjunction: &str) -> String {
     }
 }
 
-/// The candidate nearest to `word` by edit distance, if it is near enough to be a typo: at most
-/// a third of the word's length away (at least 1, at most 3).
+/// The candidate nearest to `word` by Levenshtein distance (the fewest insertions, deletions
+/// and substitutions), if it is near enough to be a typo: at most a third of the word's length
+/// away (at least 1, at most 3).
 fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     let limit = (word.chars().count() / 3).clamp(1, 3);
     candidates
         .iter()
-        .map(|c| (edit_distance(word, c), *c))
+        .map(|c| (strsim::levenshtein(word, c), *c))
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
-}
-
-/// Levenshtein distance: the fewest insertions, deletions and substitutions from `a` to `b`.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substituted = diagonal + usize::from(ca != *cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
-        }
-    }
-    row[b.len()]
 }
 
 const SECTIONS: [&str; 16] = [
@@ -1614,10 +1599,13 @@ mod tests {
 
     #[test]
     fn a_typo_is_within_a_third_of_the_word() {
-        assert_eq!(edit_distance("max_infligt", "max_inflight"), 1);
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
-        assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(closest("mqt", &["sys", "mqtt"]), Some("mqtt"));
+        assert_eq!(closest("max_infligt", &["max_inflight"]), Some("max_inflight"));
+        // Three edits: near enough for a word of nine letters or more, not for a shorter one.
+        assert_eq!(closest("max_inflite", &["max_qos", "max_inflight"]), Some("max_inflight"));
+        assert_eq!(closest("kitten", &["sitting"]), None);
+        assert_eq!(closest("kittens", &["sittings"]), None);
+        assert_eq!(closest("the_kitten", &["the_sitting"]), Some("the_sitting"));
         assert_eq!(closest("tcp", &["tls", "ws"]), None);
         assert_eq!(closest("max_inflite", &["max_qos", "max_inflight"]), Some("max_inflight"));
     }

@@ -25,7 +25,7 @@ use crate::broker::{Accepted, Broker, Ending};
 use crate::connection::inbound::{Flow, Inbound};
 use crate::connection::{closing_disconnect, ending_for, transmit, Closing};
 use crate::session::Origin;
-use crate::transport::Transport;
+use crate::transport_kind::Transport;
 
 /// The broker core and its in-memory clients on a virtual clock.
 pub struct Harness<'b> {

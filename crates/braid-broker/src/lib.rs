@@ -26,6 +26,7 @@ pub mod store;
 mod sys;
 pub mod trace;
 pub mod transport;
+pub mod transport_kind;
 
 pub use broker::Broker;
 pub use config::Config;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use braid_proto::{QoS, ReasonCode};
 
-use crate::transport::{PerTransport, Transport};
+use crate::transport_kind::{PerTransport, Transport};
 
 /// Counters; all relaxed atomics, read only for reporting.
 #[derive(Debug, Default)]

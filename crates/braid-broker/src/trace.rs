@@ -4,16 +4,26 @@
 //! deadline). While no trace runs, a connection pays one relaxed atomic load per batch of
 //! packets. Lines carry the wall-clock time, read here: a trace is an I/O concern, outside the
 //! protocol logic.
+//!
+//! A connection only formats a line and hands it to the trace's writer, a thread of its own fed
+//! by a bounded queue ([`QUEUE`] lines): no file is written on a connection's packet path. When
+//! the queue is full (the file is slower than the traced traffic) the line is dropped and
+//! counted ([`Trace::dropped`]) instead of holding the connection up.
 
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
+use time::format_description::FormatItem;
+use time::macros::format_description;
+use time::OffsetDateTime;
 
 use braid_proto::topic::matches;
 use braid_proto::{decode, BytesMut, Packet, ProtocolVersion};
@@ -37,6 +47,17 @@ pub enum Direction {
     Out,
 }
 
+/// Lines a trace's writer may have waiting; a line that finds the queue full is dropped.
+pub const QUEUE: usize = 4096;
+
+/// What a trace's writer is handed.
+enum Line {
+    /// A line to append.
+    Text(String),
+    /// The trace stopped: flush and end.
+    Stop,
+}
+
 /// One running trace.
 #[derive(Debug)]
 pub struct Trace {
@@ -48,9 +69,12 @@ pub struct Trace {
     pub path: PathBuf,
     /// When it ends by itself.
     pub until: Instant,
-    /// Packets written so far.
+    /// Packets recorded so far (handed to the writer; in the file once the trace has stopped).
     pub packets: AtomicU64,
-    file: Mutex<BufWriter<File>>,
+    /// Packets not recorded because the writer's queue was full.
+    pub dropped: AtomicU64,
+    queue: SyncSender<Line>,
+    writer: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Trace {
@@ -65,6 +89,44 @@ impl Trace {
             },
         }
     }
+
+    /// Hands `line` to the writer, or counts it dropped if the writer is behind.
+    fn push(&self, line: &str) {
+        match self.queue.try_send(Line::Text(line.to_string())) {
+            Ok(()) => {
+                self.packets.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            // The writer is gone (the trace stopped): nothing to record into.
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// A trace's writer: appends the lines it is handed to `file`, flushing whenever it has caught
+/// up (so the file can be read while the trace runs), until [`Line::Stop`] or the trace is gone.
+fn write_lines(mut file: BufWriter<File>, lines: Receiver<Line>) {
+    while let Ok(mut line) = lines.recv() {
+        loop {
+            match line {
+                Line::Text(text) => {
+                    let _ = file.write_all(text.as_bytes());
+                }
+                Line::Stop => {
+                    let _ = file.flush();
+                    return;
+                }
+            }
+            match lines.try_recv() {
+                Ok(next) => line = next,
+                Err(_) => break,
+            }
+        }
+        let _ = file.flush();
+    }
+    let _ = file.flush();
 }
 
 /// The running traces.
@@ -80,7 +142,8 @@ impl Tracer {
         self.active.load(Ordering::Relaxed)
     }
 
-    /// Starts trace `name` of `target` into a new file under `dir`, until `until`.
+    /// Starts trace `name` of `target` into a new file under `dir`, until `until`, with a
+    /// writer thread of its own.
     pub fn start(
         &self,
         name: &str,
@@ -98,26 +161,42 @@ impl Tracer {
         let file = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut file = BufWriter::new(file);
         let _ = writeln!(file, "# braid trace {name:?} of {target:?}");
+        let _ = file.flush();
+        let (queue, lines) = sync_channel(QUEUE);
+        let writer = std::thread::Builder::new()
+            .name("braid-trace".into())
+            .spawn(move || write_lines(file, lines))
+            .map_err(|e| format!("cannot start the trace's writer: {e}"))?;
         let trace = Arc::new(Trace {
             name: name.to_string(),
             target,
             path,
             until,
             packets: AtomicU64::new(0),
-            file: Mutex::new(file),
+            dropped: AtomicU64::new(0),
+            queue,
+            writer: Mutex::new(Some(writer)),
         });
         traces.push(trace.clone());
         self.active.store(true, Ordering::Relaxed);
         Ok(trace)
     }
 
-    /// Stops trace `name` (its file flushed and closed); None if none runs by that name.
+    /// Stops trace `name`; None if none runs by that name. Returns once its writer has written
+    /// what it was handed and closed the file.
     pub fn stop(&self, name: &str) -> Option<Arc<Trace>> {
-        let mut traces = self.traces.write();
-        let i = traces.iter().position(|t| t.name == name)?;
-        let trace = traces.remove(i);
-        self.active.store(!traces.is_empty(), Ordering::Relaxed);
-        let _ = trace.file.lock().flush();
+        let trace = {
+            let mut traces = self.traces.write();
+            let i = traces.iter().position(|t| t.name == name)?;
+            let trace = traces.remove(i);
+            self.active.store(!traces.is_empty(), Ordering::Relaxed);
+            trace
+        };
+        // No connection reaches the trace any more: Stop comes after every line handed over.
+        let _ = trace.queue.send(Line::Stop);
+        if let Some(writer) = trace.writer.lock().take() {
+            let _ = writer.join();
+        }
         Some(trace)
     }
 
@@ -127,17 +206,12 @@ impl Tracer {
     }
 
     /// Records `packet`, which went `direction` on `client_id`'s connection, in every trace that
-    /// wants it.
+    /// wants it: hands its line to each one's writer, never waiting for one.
     pub fn record(&self, client_id: &str, direction: Direction, packet: &Packet) {
         let traces = self.traces.read();
         let mut line = None;
         for t in traces.iter().filter(|t| t.wants(client_id, packet)) {
-            let line = line.get_or_insert_with(|| format_line(client_id, direction, packet));
-            let mut file = t.file.lock();
-            let _ = file.write_all(line.as_bytes());
-            // Flushed as it goes: the file can be read while the trace runs.
-            let _ = file.flush();
-            t.packets.fetch_add(1, Ordering::Relaxed);
+            t.push(line.get_or_insert_with(|| format_line(client_id, direction, packet)));
         }
     }
 
@@ -159,13 +233,11 @@ impl Tracer {
 /// `2026-11-26T22:40:01.123456Z client=ID in PUBLISH ...`: a PUBLISH with its topic, flags and
 /// at most 64 bytes of its payload; other packets as the codec shows them.
 fn format_line(client_id: &str, direction: Direction, packet: &Packet) -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let way = match direction {
         Direction::In => "in",
         Direction::Out => "out",
     };
-    let mut line =
-        format!("{} client={client_id:?} {way} ", rfc3339_micros(now.as_secs(), now.subsec_micros()));
+    let mut line = format!("{} client={client_id:?} {way} ", rfc3339_micros(SystemTime::now()));
     match packet {
         Packet::Publish(p) => {
             let shown = &p.payload[..p.payload.len().min(64)];
@@ -189,25 +261,12 @@ fn format_line(client_id: &str, direction: Direction, packet: &Packet) -> String
     line
 }
 
-/// Seconds since the epoch as `YYYY-MM-DDTHH:MM:SS.uuuuuuZ` (UTC; civil-from-days).
-fn rfc3339_micros(secs: u64, micros: u32) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// `at` as RFC 3339 in UTC with microseconds: `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`.
+fn rfc3339_micros(at: SystemTime) -> String {
+    const FORMAT: &[FormatItem<'_>] =
+        format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z");
+    // Formatting a UTC date into a String fails only for years past 9999.
+    OffsetDateTime::from(at).format(FORMAT).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -249,9 +308,59 @@ mod tests {
     }
 
     #[test]
+    fn a_record_reaches_the_file_through_the_writer_while_the_trace_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let tracer = Tracer::default();
+        let t = tracer.start("w", Target::Client("c2".into()), dir.path(), Instant::now()).unwrap();
+        tracer.record("c2", Direction::In, &publish("x/y"));
+        tracer.record("other", Direction::In, &publish("x/y"));
+        assert_eq!(t.packets.load(Ordering::Relaxed), 1);
+        // The connection only handed the line over; the writer appends and flushes it.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let text = loop {
+            let text = std::fs::read_to_string(&t.path).unwrap();
+            if text.lines().count() == 2 {
+                break text;
+            }
+            assert!(Instant::now() < deadline, "the writer did not write the line: {text:?}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(text.lines().nth(1).unwrap().contains("client=\"c2\" in PUBLISH topic=\"x/y\""), "{text}");
+        assert!(tracer.stop("w").is_some());
+        tracer.record("c2", Direction::In, &publish("x/y"));
+        assert_eq!(t.packets.load(Ordering::Relaxed), 1, "a stopped trace records nothing");
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_waiting() {
+        let (queue, lines) = sync_channel(2);
+        let t = Trace {
+            name: "slow".into(),
+            target: Target::Topic("#".into()),
+            path: PathBuf::new(),
+            until: Instant::now(),
+            packets: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            queue,
+            writer: Mutex::new(None),
+        };
+        for _ in 0..5 {
+            t.push("line\n");
+        }
+        assert_eq!((t.packets.load(Ordering::Relaxed), t.dropped.load(Ordering::Relaxed)), (2, 3));
+        drop(lines);
+    }
+
+    #[test]
     fn times_are_utc_rfc3339() {
-        assert_eq!(rfc3339_micros(0, 0), "1970-01-01T00:00:00.000000Z");
-        assert_eq!(rfc3339_micros(1_795_731_530, 42), "2026-11-26T22:18:50.000042Z");
-        assert_eq!(rfc3339_micros(951_782_400, 1), "2000-02-29T00:00:00.000001Z");
+        let at = |secs, micros: u32| UNIX_EPOCH + std::time::Duration::new(secs, micros * 1000);
+        assert_eq!(rfc3339_micros(at(0, 0)), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339_micros(at(1_795_731_530, 42)), "2026-11-26T22:18:50.000042Z");
+        assert_eq!(rfc3339_micros(at(951_782_400, 1)), "2000-02-29T00:00:00.000001Z");
+        assert_eq!(
+            rfc3339_micros(at(951_782_400, 999_999) + std::time::Duration::from_nanos(999)),
+            "2000-02-29T00:00:00.999999Z",
+            "truncated, not rounded"
+        );
     }
 }

@@ -1,8 +1,9 @@
-//! No import cycles between the broker crate's files: `cargo test -p braid-broker --test
+//! The broker crate's files in layers, without cycles: `cargo test -p braid-broker --test
 //! module_cycles` reads every file under `src/`, follows its `crate::`, `super::`, `self::` and
 //! child-module (`x::` after `mod x;`) paths, outside `#[cfg(test)]` modules, to the files they
-//! name, and fails naming each cycle and the paths that make it. Declaring a child module
-//! (`mod x;`) is not importing it.
+//! name, and fails naming each import cycle, each import from a layer above the file's own (the
+//! table in docs/architecture.md, which must place every file), and each clock reading, spawn
+//! or file access in the sans-IO core. Declaring a child module (`mod x;`) is not importing it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -223,25 +224,39 @@ fn cycles(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<S
     s.found
 }
 
+/// The crate's files, and for each the files its code imports (with the paths that do it).
+struct Imports {
+    tree: Tree,
+    graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+    why: BTreeMap<(Vec<String>, Vec<String>), BTreeSet<String>>,
+}
+
+impl Imports {
+    fn read() -> Imports {
+        let tree = Tree::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+        assert!(tree.files.len() > 40, "read the crate's files");
+        let mut graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+        let mut why: BTreeMap<(Vec<String>, Vec<String>), BTreeSet<String>> = BTreeMap::new();
+        for (module, file) in &tree.files {
+            let source = fs::read_to_string(file).expect("read source");
+            let edges = graph.entry(module.clone()).or_default();
+            for path in references(&source, module) {
+                let Some(target) = tree.resolve(&path) else { continue };
+                // A path into the file itself, or the crate root, is not an import between files.
+                if target == module || target.is_empty() {
+                    continue;
+                }
+                edges.insert(target.clone());
+                why.entry((module.clone(), target.clone())).or_default().insert(path.join("::"));
+            }
+        }
+        Imports { tree, graph, why }
+    }
+}
+
 #[test]
 fn the_broker_crate_has_no_import_cycle() {
-    let tree = Tree::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
-    assert!(tree.files.len() > 40, "read the crate's files");
-    let mut graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
-    let mut why: BTreeMap<(Vec<String>, Vec<String>), BTreeSet<String>> = BTreeMap::new();
-    for (module, file) in &tree.files {
-        let source = fs::read_to_string(file).expect("read source");
-        let edges = graph.entry(module.clone()).or_default();
-        for path in references(&source, module) {
-            let Some(target) = tree.resolve(&path) else { continue };
-            // A path into the file itself, or the crate root, is not an import between files.
-            if target == module || target.is_empty() {
-                continue;
-            }
-            edges.insert(target.clone());
-            why.entry((module.clone(), target.clone())).or_default().insert(path.join("::"));
-        }
-    }
+    let Imports { tree, graph, why } = Imports::read();
     let found = cycles(&graph);
     let report: Vec<String> = found
         .iter()
@@ -258,6 +273,106 @@ fn the_broker_crate_has_no_import_cycle() {
         })
         .collect();
     assert!(found.is_empty(), "import cycles between files of src/:\n{}", report.join("\n"));
+}
+
+/// The layers of the table in docs/architecture.md, top first: a name and the files and
+/// folders (ending in `/`) of src/ that make it up (rows naming another crate have none).
+fn layers() -> Vec<(String, Vec<String>)> {
+    let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/architecture.md"))
+        .expect("read docs/architecture.md");
+    let table =
+        doc.split("| layer | where | what |").nth(1).expect("the layer table in docs/architecture.md");
+    table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|row| {
+            let cells: Vec<&str> = row.split('|').collect();
+            let paths: Vec<String> = cells
+                .get(2)?
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|p| p.ends_with(".rs") || p.ends_with('/'))
+                .map(str::to_string)
+                .collect();
+            (!paths.is_empty()).then(|| (cells[1].trim().to_string(), paths))
+        })
+        .collect()
+}
+
+/// The index in `layers` of the layer a file (its path under src/) belongs to.
+fn layer_of(layers: &[(String, Vec<String>)], file: &str) -> Option<usize> {
+    layers.iter().position(|(_, paths)| {
+        paths.iter().any(|p| if p.ends_with('/') { file.starts_with(p.as_str()) } else { file == p })
+    })
+}
+
+/// The layers that make up the sans-IO core, which reads no clock, spawns nothing and touches
+/// no file (time and work come in as arguments; see docs/architecture.md).
+const CORE: [&str; 3] = ["core", "router", "session"];
+
+/// What the core must not call.
+const NOT_IN_CORE: [&str; 7] = [
+    "Instant::now(",
+    "SystemTime::now(",
+    "spawn(",
+    "std::fs",
+    "tokio::fs",
+    "std::thread",
+    "std::net::TcpStream",
+];
+
+#[test]
+fn no_file_imports_from_a_layer_above_its_own_and_the_core_does_no_io() {
+    let Imports { tree, graph, why } = Imports::read();
+    let layers = layers();
+    assert!(layers.len() >= 8, "read the layer table: {layers:?}");
+    let mut problems = Vec::new();
+    let place = |module: &Vec<String>| layer_of(&layers, &tree.name(module));
+    for (module, file) in &tree.files {
+        let name = tree.name(module);
+        if module.is_empty() {
+            continue; // lib.rs: the crate root declares the modules.
+        }
+        let Some(here) = place(module) else {
+            problems.push(format!("{name} is in no layer of docs/architecture.md's table"));
+            continue;
+        };
+        for target in &graph[module] {
+            if let Some(there) = place(target).filter(|&there| there < here) {
+                let paths: Vec<&String> = why[&(module.clone(), target.clone())].iter().collect();
+                problems.push(format!(
+                    "{name} ({}) imports {} ({}), a layer above it: {paths:?}",
+                    layers[here].0,
+                    tree.name(target),
+                    layers[there].0
+                ));
+            }
+        }
+        if CORE.contains(&layers[here].0.as_str()) {
+            let source = fs::read_to_string(file).expect("read source");
+            let code = source.split("#[cfg(test)]").next().unwrap_or(&source);
+            for (n, line) in code.lines().enumerate().filter(|(_, l)| !l.trim_start().starts_with("//")) {
+                for call in NOT_IN_CORE.iter().filter(|c| line.contains(*c)) {
+                    problems.push(format!("{name}:{}: the sans-IO core uses {call}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "layering (docs/architecture.md):\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_layer_table_places_files_and_folders() {
+    let layers = vec![
+        ("server".to_string(), vec!["server.rs".to_string()]),
+        ("session".to_string(), vec!["session/".to_string()]),
+    ];
+    assert_eq!(layer_of(&layers, "server.rs"), Some(0));
+    assert_eq!(layer_of(&layers, "session/state.rs"), Some(1));
+    assert_eq!(layer_of(&layers, "sessions.rs"), None);
+    assert_eq!(layer_of(&layers, "server.rs/x"), None);
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! Stress: 2000 hostile connections (slow-loris, silent sockets, garbage after CONNECT,
-//! connect/close churn) interleaved with a legitimate QoS 1 stream. The stream must lose
-//! nothing; its p99 latency is printed next to a quiet run's (the bar is 2x). No timed
-//! assertion: the figure depends on the machine.
+//! connect/close churn) interleaved with a legitimate QoS 1 stream. The test asserts that the
+//! stream loses nothing and is not starved: no message takes [`STARVED`] or longer. Its p99
+//! next to a quiet run's (the bar: within 2x) is a benchmark, the ignored
+//! [`p99_under_2000_hostile_connections`] (docs/security.md runs it): it depends on the machine
+//! and on what else runs there, so it is measured on purpose, not in the test suite.
 //!
 //! The attackers run in a child process (this test binary again, running the ignored test
 //! [`hostile_connections`] with `BRAID_STRESS_ATTACK` set), as they would on other machines:
@@ -33,6 +35,11 @@ const MESSAGES: u32 = 5000;
 const WARM_UP: u32 = 500;
 /// `limits.max_connection_rate` for the run.
 const RATE: u32 = 200;
+/// The bound on each message of the stream under attack. A stream starved by the hostile
+/// connections (a worker busy with them, clients waiting behind their handshakes) waits
+/// seconds: a slow-loris CONNECT lasts `mqtt.connect_timeout_secs` (2 s here). Served, the
+/// worst of 5000 messages takes a few ms, in a debug build on a busy 2-core machine too.
+const STARVED: Duration = Duration::from_millis(500);
 /// Set (to the broker's address) in the attackers' process.
 const ATTACK_ENV: &str = "BRAID_STRESS_ATTACK";
 /// The attackers stop by themselves after this, whatever happens to the test.
@@ -145,18 +152,47 @@ impl Attack {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn legitimate_qos1_stream_survives_2000_hostile_connections() {
+/// The broker of the stress runs, logging at `info` to a file in the returned directory.
+async fn stress_broker() -> (TestBroker, tempfile::TempDir) {
     let log_dir = tempfile::tempdir().unwrap();
     let log = std::fs::File::create(log_dir.path().join("broker.log")).unwrap();
-    tracing_subscriber::fmt().with_writer(std::sync::Mutex::new(log)).with_ansi(false).init();
+    // Once per process (the benchmark may run in the same one).
+    let _ = tracing_subscriber::fmt().with_writer(std::sync::Mutex::new(log)).with_ansi(false).try_init();
 
     let mut config = Config::embedded();
     config.mqtt.connect_timeout_secs = 2;
     // The defence against connection churn: newcomers beyond this wait in the backlog.
     config.limits.max_connection_rate = RATE;
-    let b = start(config).await;
+    (start(config).await, log_dir)
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legitimate_qos1_stream_survives_2000_hostile_connections() {
+    let (b, _log_dir) = stress_broker().await;
+    let mut legit = Legit::connect(b.addr).await;
+    legit.stream(WARM_UP).await;
+
+    let addr = b.addr;
+    let attack = tokio::task::spawn_blocking(move || Attack::start(addr)).await.unwrap();
+    let hostile = legit.stream(MESSAGES).await;
+    let total = tokio::task::spawn_blocking(move || attack.stop()).await.unwrap();
+
+    // `stream` asserted that none was lost or reordered.
+    let worst = *hostile.last().unwrap();
+    println!(
+        "QoS 1 stream, {MESSAGES} messages with {HOSTILE} hostile connections ({total} opened): p99 {:?}, worst {worst:?}",
+        percentile(&hostile, 0.99)
+    );
+    assert!(worst < STARVED, "a message of the stream took {worst:?} under attack (bound {STARVED:?})");
+}
+
+/// A benchmark, not run by the test suite (docs/security.md has the command and figures): the
+/// stream's p50 and p99 on a quiet broker, then next to [`HOSTILE`] hostile connections, and
+/// the p99 ratio (the bar: within 2x). Best in a release build on an idle machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: cargo test --release -p braid-broker --test stress -- --ignored --nocapture p99"]
+async fn p99_under_2000_hostile_connections() {
+    let (b, log_dir) = stress_broker().await;
     let mut legit = Legit::connect(b.addr).await;
     legit.stream(WARM_UP).await;
     let quiet = legit.stream(MESSAGES).await;

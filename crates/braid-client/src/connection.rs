@@ -7,7 +7,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +25,7 @@ use braid_proto::{
 use crate::connect::{self, Announced, Link};
 use crate::inbound::{Action, Inbound, Taken};
 use crate::inflight::{Completion, Done, Inflight, Transmission};
-use crate::{ClientOptions, Connected, Error};
+use crate::{Backoff, ClientOptions, Connected, Error};
 use braid_proto::ReadBuffer;
 
 /// Commands the handles may queue before `publish` and friends wait.
@@ -709,12 +708,12 @@ impl Connection {
     /// Reconnects with backoff; `None` if the client was closed meanwhile.
     async fn reconnect(&mut self) -> Option<Link> {
         let policy = self.opts.reconnect.clone()?;
-        let mut delay = policy.initial_delay;
+        let mut backoff = Backoff::new(policy.initial_delay, policy.max_delay).jittered();
         // Only v5 can resume a session the first connect asked to be clean: a 3.1.x clean
         // session ends with its connection, and Clean Session 0 would make a new one persist.
         let clean_start = !self.version.is_v5() && self.opts.clean_start;
         loop {
-            wait_offline(&mut self.inbox, &self.shared, tokio::time::sleep(jitter(delay))).await?;
+            wait_offline(&mut self.inbox, &self.shared, tokio::time::sleep(backoff.pause())).await?;
             let attempt = tokio::time::timeout(
                 self.opts.connect_timeout,
                 connect::handshake(&self.opts, &self.client_id, clean_start),
@@ -730,7 +729,6 @@ impl Connection {
                 Ok(Err(e)) => debug!(client_id = %self.client_id, "reconnect failed: {e}"),
                 Err(_) => debug!(client_id = %self.client_id, "reconnect timed out"),
             }
-            delay = (delay * 2).min(policy.max_delay);
         }
     }
 
@@ -812,15 +810,6 @@ fn packet_id(p: &Packet) -> u16 {
     }
 }
 
-/// `base` ±25 %, so that many clients dropped at once do not come back at once.
-fn jitter(base: Duration) -> Duration {
-    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    let quarter = base / 4;
-    let spread = u64::try_from(quarter.as_nanos()).unwrap_or(u64::MAX).saturating_mul(2);
-    let offset = if spread == 0 { 0 } else { random % spread };
-    base - quarter + Duration::from_nanos(offset)
-}
-
 /// Waits for `fut` while offline, taking commands into the backlog; `None` if the client is
 /// closed meanwhile (`disconnect`, or every handle dropped).
 async fn wait_offline<F: Future>(inbox: &mut Inbox, shared: &Shared, fut: F) -> Option<F::Output> {
@@ -843,22 +832,6 @@ async fn wait_offline<F: Future>(inbox: &mut Inbox, shared: &Shared, fut: F) -> 
                     return None;
                 }
             },
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jitter_stays_within_a_quarter() {
-        for ms in [0u64, 1, 100, 30_000] {
-            let base = Duration::from_millis(ms);
-            for _ in 0..50 {
-                let d = jitter(base);
-                assert!(d >= base - base / 4 && d <= base + base / 4, "{d:?} for {base:?}");
-            }
         }
     }
 }

@@ -49,6 +49,7 @@
 //! # }
 //! ```
 
+mod backoff;
 mod client;
 mod connect;
 mod connection;
@@ -62,6 +63,7 @@ mod tls;
 
 mod transport;
 
+pub use backoff::Backoff;
 pub use braid_pacing::Pacing;
 pub use braid_proto::{
     ByteString, Bytes, Properties, ProtocolVersion, Publish, QoS, ReasonCode, RetainHandling,

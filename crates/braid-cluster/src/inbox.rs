@@ -223,7 +223,7 @@ pub(crate) fn take_in(
 ) {
     for (id, fields) in entries {
         backlog.ids.push(id);
-        match wire::read(&fields) {
+        match wire::read(&fields, shared.store.clock()) {
             Ok(Entry::Messages(mut messages)) => backlog.messages.append(&mut messages),
             Ok(Entry::Release { client_id, from, clean }) => {
                 if let Some(on_release) = on_release {

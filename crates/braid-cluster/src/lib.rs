@@ -41,7 +41,7 @@ mod wire;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
@@ -50,7 +50,7 @@ use tracing::{info, warn};
 use braid_broker::broker::Broker;
 use braid_broker::config::ClusterConfig;
 use braid_broker::router::RemoteRef;
-use braid_broker::store::Store;
+use braid_broker::store::{Store, UnixClock};
 use braid_proto::ByteString;
 
 use crate::redis::Conn;
@@ -142,16 +142,19 @@ impl Node {
             .await
             .map_err(|e| ClusterError::Redis(format!("{}: {e}", redis.display())))?;
         let keys = Keys::new(&config.key_prefix);
-        let start_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+        // The node's reading of the wall clock: its incarnation, and the Unix times of the
+        // records it writes and reads.
+        let clock = UnixClock::read();
+        let start_ms = clock.unix_ms(clock.at());
         let incarnation = format!("{}@{start_ms}", config.node);
         let links = link::Links::bind(config)?.map(Arc::new);
         if links.is_some() {
             membership::check_secret(&mut conn, &keys, config).await?;
         }
         membership::take_lease(&mut conn, &keys, config, &incarnation).await?;
-        let (retained, retained_from) = retained::load(&mut conn, &keys).await?;
+        let (retained, retained_from) = retained::load(&mut conn, &keys, &clock).await?;
         info!(node = %config.node, redis = %redis.display(), retained = retained.len(), "joined the cluster's Redis");
-        let (store, writer) = RedisStore::new(keys.clone(), retained, config.batch);
+        let (store, writer) = RedisStore::new(keys.clone(), retained, config.batch, clock);
         let shared = Arc::new(Shared {
             config: config.clone(),
             me: config.node.clone(),

@@ -12,7 +12,7 @@ use tracing::warn;
 
 use braid_broker::broker::Broker;
 use braid_broker::message::Message;
-use braid_broker::store::codec;
+use braid_broker::store::{codec, UnixClock};
 
 use crate::keys::Keys;
 use crate::redis::bytes;
@@ -20,14 +20,19 @@ use crate::store::pairs;
 use crate::streams::{last_id, position, read_log};
 use crate::{log_failure, ClusterError, Shared};
 
-/// Every retained message in Redis, and the log position they are as of.
-pub(crate) async fn load(conn: &mut Conn, keys: &Keys) -> Result<(Vec<Arc<Message>>, String), ClusterError> {
+/// Every retained message in Redis (their expiries converted by `clock`), and the log
+/// position they are as of.
+pub(crate) async fn load(
+    conn: &mut Conn,
+    keys: &Keys,
+    clock: &UnixClock,
+) -> Result<(Vec<Arc<Message>>, String), ClusterError> {
     let err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
     let from = last_id(conn, &keys.retained_log()).await.map_err(err)?;
     let all: Value = redis::cmd("HGETALL").arg(keys.retained()).query_async(conn).await.map_err(err)?;
     let mut out = Vec::new();
     for (topic, body) in pairs(Some(&all)) {
-        match codec::read_message(body) {
+        match codec::read_message(body, clock) {
             Ok(msg) => out.push(msg),
             Err(e) => {
                 warn!(topic = %String::from_utf8_lossy(topic), "cluster: an unreadable retained message is skipped: {e}")
@@ -91,7 +96,7 @@ fn apply(broker: &Broker, fields: &[Value]) {
     let msg = if value.is_empty() {
         Message::internal(String::from_utf8_lossy(topic).into_owned().into(), Default::default(), true)
     } else {
-        match codec::read_message(value) {
+        match codec::read_message(value, broker.unix_clock()) {
             Ok(msg) => msg,
             Err(e) => return warn!("cluster: an unreadable retained change is skipped: {e}"),
         }

@@ -38,7 +38,8 @@ pub(crate) async fn adopt(
         .await
         .map_err(|e| ClusterError::Redis(e.to_string()))?;
     let Some(mut session) =
-        read_session(client_id, &replies[0], &replies[1..3], &replies[3]).map_err(ClusterError::Redis)?
+        read_session(client_id, &replies[0], &replies[1..3], &replies[3], shared.store.clock())
+            .map_err(ClusterError::Redis)?
     else {
         return Ok(None);
     };

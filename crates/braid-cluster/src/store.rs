@@ -27,7 +27,9 @@ use tracing::{error, warn};
 use braid_broker::message::{Delivery, RemoteId};
 use braid_broker::router::Forward;
 use braid_broker::session::Item;
-use braid_broker::store::{codec, Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket};
+use braid_broker::store::{
+    codec, Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket, UnixClock,
+};
 use braid_proto::ByteString;
 
 use crate::keys::Keys;
@@ -116,6 +118,8 @@ pub(crate) struct RedisStore {
     epochs: Mutex<HashMap<ByteString, u64>>,
     recovered: Mutex<Option<Recovered>>,
     unacked: Mutex<Unacked>,
+    /// Converts the expiries records keep.
+    clock: UnixClock,
 }
 
 /// Messages routed from inbox entries not acknowledged yet, their deliveries, and which of
@@ -149,14 +153,17 @@ pub(crate) struct Writer {
     rx: mpsc::UnboundedReceiver<Job>,
     durable: watch::Sender<Ticket>,
     batch: usize,
+    clock: UnixClock,
 }
 
 impl RedisStore {
-    /// A store on `keys`, having found `retained` in Redis at start.
+    /// A store on `keys`, having found `retained` in Redis at start, converting the expiries
+    /// records keep by `clock`.
     pub(crate) fn new(
         keys: Keys,
         retained: Vec<Arc<braid_broker::message::Message>>,
         batch: usize,
+        clock: UnixClock,
     ) -> (Arc<RedisStore>, Writer) {
         let (tx, rx) = mpsc::unbounded_channel();
         let (durable_tx, durable) = watch::channel(0);
@@ -169,8 +176,9 @@ impl RedisStore {
             epochs: Mutex::new(HashMap::new()),
             recovered: Mutex::new(Some(recovered)),
             unacked: Mutex::new(Unacked::default()),
+            clock,
         });
-        (store, Writer { rx, durable: durable_tx, batch })
+        (store, Writer { rx, durable: durable_tx, batch, clock })
     }
 
     /// Writes for `client_id` carry `epoch` from now on (it was just claimed).
@@ -190,6 +198,11 @@ impl RedisStore {
     pub(crate) fn bind(&self, id: u64, client_id: &str) {
         let epoch = self.epochs.lock().get(client_id).copied().unwrap_or(0);
         self.sessions.lock().insert(id, Bound { client_id: client_id.into(), epoch });
+    }
+
+    /// Converts the expiries records keep (read when the node joined the cluster).
+    pub(crate) fn clock(&self) -> &UnixClock {
+        &self.clock
     }
 
     /// Forgets `client_id`: another node holds it now.
@@ -274,7 +287,7 @@ impl RedisStore {
 
     /// Queues `fwd` for `node`'s inbox (`relayed`: passed on by a relay); returns its ticket.
     pub(crate) fn forward(&self, node: &str, incarnation: &str, fwd: &Forward, relayed: bool) -> Ticket {
-        let (inbox, record) = (self.keys.inbox(node), wire::record(incarnation, fwd, relayed));
+        let (inbox, record) = (self.keys.inbox(node), wire::record(incarnation, fwd, relayed, &self.clock));
         self.queue(|ticket| Job::Forward { ticket, inbox, record })
     }
 
@@ -370,7 +383,7 @@ impl Store for RedisStore {
                 self.session_op(
                     session,
                     "append",
-                    [seq.to_string().as_bytes(), &codec::delivery(&d), remote.as_bytes()],
+                    [seq.to_string().as_bytes(), &codec::delivery(&d, &self.clock), remote.as_bytes()],
                 )
             }
             Op::Stage { session, seq, stage } => {
@@ -388,7 +401,8 @@ impl Store for RedisStore {
                 self.session_op(session, "qos2", [packet_id.to_string().as_bytes(), pending, b""])
             }
             Op::Retain(msg) => {
-                let value = if msg.payload.is_empty() { Vec::new() } else { codec::message(&msg) };
+                let value =
+                    if msg.payload.is_empty() { Vec::new() } else { codec::message(&msg, &self.clock) };
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(RETAIN_OP)
                     .arg(2)
@@ -496,7 +510,7 @@ impl Writer {
                         }
                     }
                     Reply::Load(tx, finished) => {
-                        let mut deliveries = read_deliveries(mine);
+                        let mut deliveries = read_deliveries(mine, &self.clock);
                         if let Ok(d) = deliveries.as_mut() {
                             d.retain(|s| !finished.contains(&s.seq));
                         }
@@ -559,8 +573,9 @@ fn stage_byte(stage: Stage) -> u8 {
     }
 }
 
-/// The deliveries in the replies of HGETALL queue and HGETALL stages, oldest first.
-pub(crate) fn read_deliveries(replies: &[Value]) -> Result<Vec<Stored>, StoreError> {
+/// The deliveries in the replies of HGETALL queue and HGETALL stages, oldest first (their
+/// expiries converted by `clock`).
+pub(crate) fn read_deliveries(replies: &[Value], clock: &UnixClock) -> Result<Vec<Stored>, StoreError> {
     let stages: HashMap<u64, Stage> = pairs(replies.get(1))
         .filter_map(|(k, v)| {
             let stage = match v.first()? {
@@ -574,7 +589,7 @@ pub(crate) fn read_deliveries(replies: &[Value]) -> Result<Vec<Stored>, StoreErr
     let mut out = Vec::new();
     for (k, v) in pairs(replies.first()) {
         let Some(seq) = parse_u64(k) else { continue };
-        match codec::read_delivery(v) {
+        match codec::read_delivery(v, clock) {
             Ok(delivery) => {
                 let stage = stages.get(&seq).copied().unwrap_or(Stage::Queued);
                 out.push(Stored { seq, stage, delivery: Delivery { seq, ..delivery } });
@@ -609,11 +624,12 @@ pub(crate) fn read_session(
     record: &Value,
     queue_and_stages: &[Value],
     qos2: &Value,
+    clock: &UnixClock,
 ) -> Result<Option<RecoveredSession>, String> {
     let Some(body) = bytes(record) else { return Ok(None) };
     let mut record = codec::read_session(body)?;
     record.client_id = ByteString::from(client_id);
-    let queued = read_deliveries(queue_and_stages).map_err(|e| e.to_string())?;
+    let queued = read_deliveries(queue_and_stages, clock).map_err(|e| e.to_string())?;
     let incoming_qos2 = match qos2 {
         Value::Array(a) | Value::Set(a) => {
             a.iter().filter_map(|v| std::str::from_utf8(bytes(v)?).ok()?.parse().ok()).collect()
@@ -659,7 +675,7 @@ mod tests {
 
     #[test]
     fn a_finished_delivery_stays_in_redis_until_its_inbox_entry_is_acknowledged() {
-        let (store, mut writer) = RedisStore::new(Keys::new("t"), Vec::new(), 16);
+        let (store, mut writer) = RedisStore::new(Keys::new("t"), Vec::new(), 16, UnixClock::read());
         store.set_epoch("c", 1);
         store.bind(7, "c");
         let id = RemoteId { sender: "n2@1".into(), number: 5 };
@@ -681,7 +697,7 @@ mod tests {
 
     #[test]
     fn a_session_handed_over_has_its_waiting_removals_written_first() {
-        let (store, mut writer) = RedisStore::new(Keys::new("t"), Vec::new(), 16);
+        let (store, mut writer) = RedisStore::new(Keys::new("t"), Vec::new(), 16, UnixClock::read());
         store.set_epoch("c", 1);
         store.bind(7, "c");
         let id = RemoteId { sender: "n2@1".into(), number: 9 };

@@ -9,7 +9,7 @@ use redis::{Cmd, Value};
 
 use braid_broker::message::{Message, RemoteId};
 use braid_broker::router::{Forward, Scope};
-use braid_broker::store::codec;
+use braid_broker::store::{codec, UnixClock};
 use braid_proto::ByteString;
 
 use crate::redis::bytes;
@@ -49,10 +49,10 @@ impl Pack {
     }
 
     /// Adds `fwd` as a [`record`] made in place (no record of its own to copy).
-    pub(crate) fn push_forward(&mut self, incarnation: &str, fwd: &Forward) {
+    pub(crate) fn push_forward(&mut self, incarnation: &str, fwd: &Forward, clock: &UnixClock) {
         let at = self.0.len();
         self.0.extend_from_slice(&[0; 4]);
-        write_record(&mut self.0, incarnation, fwd, false);
+        write_record(&mut self.0, incarnation, fwd, false, clock);
         let len = (self.0.len() - at - 4) as u32;
         self.0[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
@@ -77,15 +77,15 @@ impl Pack {
 
 /// `fwd` as a record of a [`Pack`], sent by `incarnation` (`node@start_ms`: with the
 /// message's number there, what a receiver recognises a message it got twice by), `relayed`
-/// or not.
-pub(crate) fn record(incarnation: &str, fwd: &Forward, relayed: bool) -> Vec<u8> {
+/// or not. Its expiry is in Unix time, by `clock`.
+pub(crate) fn record(incarnation: &str, fwd: &Forward, relayed: bool, clock: &UnixClock) -> Vec<u8> {
     let mut record = Vec::with_capacity(fwd.msg.payload.len() + fwd.msg.topic.len() + 64);
-    write_record(&mut record, incarnation, fwd, relayed);
+    write_record(&mut record, incarnation, fwd, relayed, clock);
     record
 }
 
 /// Appends [`record`]'s bytes to `out`.
-fn write_record(out: &mut Vec<u8>, incarnation: &str, fwd: &Forward, relayed: bool) {
+fn write_record(out: &mut Vec<u8>, incarnation: &str, fwd: &Forward, relayed: bool, clock: &UnixClock) {
     // A message passed on again keeps the identity it came with.
     let (sender, n) = match &fwd.msg.remote_id {
         Some(id) => (&*id.sender, id.number),
@@ -99,7 +99,7 @@ fn write_record(out: &mut Vec<u8>, incarnation: &str, fwd: &Forward, relayed: bo
     put(out, fwd.msg.origin_client.as_bytes());
     put(out, sender.as_bytes());
     out.extend_from_slice(&n.to_le_bytes());
-    out.extend_from_slice(&codec::message(&fwd.msg));
+    out.extend_from_slice(&codec::message(&fwd.msg, clock));
 }
 
 /// XADD to `inbox` of a request to hand `client_id`'s session over to `from`, for a client
@@ -121,8 +121,8 @@ fn control_cmd(inbox: &str, kind: &str, client_id: &str, from: &str) -> Cmd {
     cmd
 }
 
-/// Reads an entry's fields (alternating names and values).
-pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
+/// Reads an entry's fields (alternating names and values), converting expiries by `clock`.
+pub(crate) fn read(fields: &[Value], clock: &UnixClock) -> Result<Entry, String> {
     let get = |name: &[u8]| -> Option<&[u8]> {
         fields.chunks(2).find(|c| c.first().and_then(bytes) == Some(name)).and_then(|c| bytes(c.get(1)?))
     };
@@ -131,7 +131,7 @@ pub(crate) fn read(fields: &[Value]) -> Result<Entry, String> {
         String::from_utf8(b.to_vec()).map_err(|_| "a field is not UTF-8".to_string())
     };
     match get(b"k") {
-        Some(b"p") => unpack(get(b"p").ok_or("no messages")?).map(Entry::Messages),
+        Some(b"p") => unpack(get(b"p").ok_or("no messages")?, clock).map(Entry::Messages),
         Some(b"r") => Ok(Entry::Release {
             client_id: text(b"c")?.into(),
             from: text(b"f")?,
@@ -147,8 +147,8 @@ const PLAIN: u8 = 1;
 /// In a record's first byte: passed on by a relay.
 const RELAYED: u8 = 2;
 
-/// The messages of a [`Pack`].
-pub(crate) fn unpack(mut packed: &[u8]) -> Result<Vec<Incoming>, String> {
+/// The messages of a [`Pack`] (their expiries converted by `clock`).
+pub(crate) fn unpack(mut packed: &[u8], clock: &UnixClock) -> Result<Vec<Incoming>, String> {
     let mut out = Vec::new();
     while !packed.is_empty() {
         let mut record = take(&mut packed)?;
@@ -160,7 +160,7 @@ pub(crate) fn unpack(mut packed: &[u8]) -> Result<Vec<Incoming>, String> {
         let client = take_text(&mut record)?;
         let sender = take_text(&mut record)?;
         let number = u64::from_le_bytes(take_n(&mut record)?);
-        let mut msg = codec::read_message(record)?;
+        let mut msg = codec::read_message(record, clock)?;
         if let Some(m) = Arc::get_mut(&mut msg) {
             m.origin_client = ByteString::from(client);
             m.remote_id = Some(RemoteId { sender: sender.into(), number });
@@ -221,11 +221,12 @@ mod tests {
 
     #[test]
     fn a_pack_reads_back_in_order_with_identity_and_scope() {
+        let clock = UnixClock::read();
         let mut pack = Pack::default();
         for (i, plain) in [(1u64, true), (2, false)] {
             let msg = message(vec![i as u8; 3]);
             let scope = Scope { plain, groups: if plain { vec![] } else { vec!["g1".into(), "g2".into()] } };
-            pack.push(&record("n1@5", &Forward { msg: Arc::new(msg), scope, id: i }, i == 2));
+            pack.push(&record("n1@5", &Forward { msg: Arc::new(msg), scope, id: i }, i == 2, &clock));
         }
         let mut fields = vec![];
         for arg in pack.into_cmd("inbox").args_iter().skip(3) {
@@ -233,7 +234,7 @@ mod tests {
                 fields.push(Value::BulkString(b.to_vec()));
             }
         }
-        let Entry::Messages(got) = read(&fields).unwrap() else { panic!("not messages") };
+        let Entry::Messages(got) = read(&fields, &clock).unwrap() else { panic!("not messages") };
         assert_eq!(got.len(), 2);
         assert_eq!(&got[0].msg.payload[..], &[1, 1, 1]);
         assert!(got[0].scope.plain && got[0].scope.groups.is_empty() && !got[0].relayed);
@@ -250,9 +251,9 @@ mod tests {
             scope: Scope { plain: true, groups: vec![] },
             id: 3,
         };
-        let (mut pushed, mut made) = (Pack::default(), Pack::default());
-        pushed.push(&record("n1@5", &fwd, false));
-        made.push_forward("n1@5", &fwd);
+        let (mut pushed, mut made, clock) = (Pack::default(), Pack::default(), UnixClock::read());
+        pushed.push(&record("n1@5", &fwd, false, &clock));
+        made.push_forward("n1@5", &fwd, &clock);
         assert_eq!(made.0, pushed.0);
     }
 
@@ -261,10 +262,11 @@ mod tests {
         let mut pack = Pack::default();
         let msg = message(vec![0; 10]);
         let fwd = Forward { msg: Arc::new(msg), scope: Scope { plain: true, groups: vec![] }, id: 1 };
-        pack.push(&record("n1@5", &fwd, false));
+        let clock = UnixClock::read();
+        pack.push(&record("n1@5", &fwd, false, &clock));
         let whole = pack.0.clone();
         for cut in [1, 5, whole.len() - 1] {
-            assert!(unpack(&whole[..cut]).is_err(), "cut at {cut}");
+            assert!(unpack(&whole[..cut], &clock).is_err(), "cut at {cut}");
         }
     }
 }

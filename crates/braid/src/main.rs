@@ -5,6 +5,18 @@
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+// The runtime is built without tokio's LIFO slot, so that packets that arrive together are
+// served in the order they arrived (docs/architecture.md "Threads"); `disable_lifo_slot` is
+// behind tokio's `--cfg tokio_unstable`. A build without it would lose that order silently.
+#[cfg(not(tokio_unstable))]
+compile_error!(
+    "braid needs `--cfg tokio_unstable` (tokio's Builder::disable_lifo_slot keeps packets that arrive \
+     together in arrival order; docs/architecture.md \"Threads\"). The repository's \
+     .cargo/config.toml passes it to cargo run in the repository; a RUSTFLAGS environment \
+     variable replaces that list: add the flag to it (RUSTFLAGS=\"$RUSTFLAGS --cfg tokio_unstable\") \
+     or unset it, and run cargo (build, run, install --path crates/braid) inside the repository."
+);
+
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -136,14 +148,11 @@ fn serve(args: ServeArgs) -> ExitCode {
     // another client's SUBSCRIBE to its topic was routed before it, and lost).
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(workers).enable_all();
-    // `tokio_unstable` comes from .cargo/config.toml; a build whose RUSTFLAGS replace it keeps
-    // the slot (and says so at start).
+    // An unstable tokio API: `--cfg tokio_unstable` (.cargo/config.toml), without which the
+    // build stops at the `compile_error!` at the top of this file (the cfg here only keeps a
+    // second error, "no method named `disable_lifo_slot`", from burying that one).
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
-    #[cfg(not(tokio_unstable))]
-    eprintln!(
-        "braid: built without --cfg tokio_unstable: packets that arrive together may be served out of order"
-    );
     let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {

@@ -8,24 +8,31 @@
 //! store: what was not acknowledged is the publisher's to send again. A remote subscriber's
 //! filters are not announced to a cluster's other nodes: each node bridges what is published
 //! on it.
+//!
+//! The publisher's path (under the router's lock) only makes a message's records and hands
+//! them, through a channel, to the bridge's one producing task, which produces them and waits
+//! for Kafka's word on every message at once: nothing is spawned per message.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use rdkafka::producer::FutureProducer;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use braid_broker::config::KafkaBridgeConfig;
 use braid_broker::router::{Confirm, Delivered, Forward, RemoteSink};
 use braid_broker::Broker;
-use braid_client::{ReasonCode, RetainHandling, SubscriptionOptions};
+use braid_client::{Backoff, ByteString, ReasonCode, RetainHandling, SubscriptionOptions};
 
 use super::record::{self, dropped, records, Record, Route, Source};
 use super::{permanent, producer_config, Context};
 use crate::stats::{bump, drop_one, Stats};
 
+/// The first pause before a record Kafka did not take is produced again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// The longest pause before a record Kafka did not take is produced again.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -60,7 +67,9 @@ pub(super) fn start(
             )
         })
         .collect();
-    let sink = Arc::new(KafkaSink { config, routes, producer: Arc::new(producer), stats });
+    let (jobs, queue) = mpsc::unbounded_channel();
+    tokio::spawn(produce(queue, producer, config.clone(), stats.clone()));
+    let sink = Arc::new(KafkaSink { config, routes, jobs, stats });
     let remote = broker.remote_sink(sink.clone());
     for (filter, options) in &filters {
         if let Err(reason) = broker.subscribe_remote(&remote, filter, *options) {
@@ -81,8 +90,19 @@ pub(super) fn start(
 struct KafkaSink {
     config: Arc<KafkaBridgeConfig>,
     routes: Vec<Route>,
-    producer: Arc<FutureProducer<Context>>,
+    /// To the producing task ([`produce`]).
+    jobs: mpsc::UnboundedSender<Job>,
     stats: Arc<Stats>,
+}
+
+/// A message for the producing task: its records, and where Kafka's word on them goes.
+struct Job {
+    records: Vec<Record>,
+    /// The message's MQTT topic, for the log.
+    topic: ByteString,
+    /// Success, or why a record could not be made.
+    reason: ReasonCode,
+    word: oneshot::Sender<ReasonCode>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -105,23 +125,49 @@ impl RemoteSink for KafkaSink {
                 }
             }
         }
-        let (tx, rx) = oneshot::channel();
-        let (producer, config, stats) = (self.producer.clone(), self.config.clone(), self.stats.clone());
-        let topic = fwd.msg.topic.to_string();
-        tokio::spawn(async move {
-            for record in made {
-                if !produce_until_taken(&producer, &record, &config, &stats, &topic).await {
-                    reason = ReasonCode::UnspecifiedError;
-                }
-            }
-            if reason == ReasonCode::Success {
-                bump(&stats.sent);
-            }
-            let _ = tx.send(reason);
-        });
+        let (word, rx) = oneshot::channel();
+        // Fails only once the producing task has ended (the runtime is stopping): the word is
+        // then an error, as the dropped sender says.
+        let _ = self.jobs.send(Job { records: made, topic: fwd.msg.topic.clone(), reason, word });
         let word = async move { rx.await.unwrap_or(ReasonCode::UnspecifiedError) };
         Delivered { confirm: Some(Confirm::new(word)), ..Delivered::queued(0) }
     }
+}
+
+/// The bridge's producing task: produces the records of each message it is handed, in the
+/// order handed, and gives each message's word once Kafka has taken (or refused) all its
+/// records; many messages wait for Kafka at once. Ends once the sink is gone and every
+/// message has its word.
+async fn produce(
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    producer: FutureProducer<Context>,
+    config: Arc<KafkaBridgeConfig>,
+    stats: Arc<Stats>,
+) {
+    let (producer, config, stats) = (&producer, &*config, &*stats);
+    let confirm = |job: Job| async move {
+        let mut reason = job.reason;
+        for record in &job.records {
+            if !produce_until_taken(producer, record, config, stats, &job.topic).await {
+                reason = ReasonCode::UnspecifiedError;
+            }
+        }
+        if reason == ReasonCode::Success {
+            bump(&stats.sent);
+        }
+        let _ = job.word.send(reason);
+    };
+    let mut waiting = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            job = jobs.recv() => match job {
+                Some(job) => waiting.push(confirm(job)),
+                None => break,
+            },
+            Some(()) = waiting.next(), if !waiting.is_empty() => {}
+        }
+    }
+    while waiting.next().await.is_some() {}
 }
 
 /// Produces `record` until Kafka takes it (true) or refuses it for good (false: dropped and
@@ -133,7 +179,7 @@ async fn produce_until_taken(
     stats: &Stats,
     topic: &str,
 ) -> bool {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
         let failure = match producer.send_result(record.future()) {
             Ok(delivery) => {
@@ -160,9 +206,8 @@ async fn produce_until_taken(
         }
         bump(&stats.failed);
         if stats.may_log() {
-            warn!(bridge = %config.name, %topic, "kafka bridge out: Kafka did not take a record ({failure}); producing it again in {} ms, its publisher's acknowledgement waits", backoff.as_millis());
+            warn!(bridge = %config.name, %topic, "kafka bridge out: Kafka did not take a record ({failure}); producing it again in {} ms, its publisher's acknowledgement waits", backoff.next().as_millis());
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep(backoff.pause()).await;
     }
 }

@@ -27,7 +27,7 @@ use braid_proto::topic::valid_topic_name;
 use super::{client_config, with_properties, Context, IN_FIELDS};
 use crate::stats::{bump, Stats};
 use crate::template::{BadTemplate, Fields, Template};
-use crate::Backoff;
+use braid_client::Backoff;
 
 /// Records published and not yet acknowledged by Braid, per group.
 const WINDOW: u16 = 1024;
@@ -93,7 +93,7 @@ async fn group_loop(
         let why = consume(&broker, &config, &group, &routes, &stats, &stop).await;
         let Some(why) = why else { return };
         warn!(bridge = %config.name, %group, "kafka bridge in: {why}; resuming from the last commit in {} ms", backoff.next().as_millis());
-        if !backoff.pause(&stop).await {
+        if !crate::pause(&mut backoff, &stop).await {
             return;
         }
     }

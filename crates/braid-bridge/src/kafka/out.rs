@@ -24,7 +24,7 @@ use braid_client::{Client, Event, Properties, Publish, ReasonCode, RetainHandlin
 use super::record::{self, dropped, matched_routes, records, Route, Source};
 use super::{permanent, producer_config, Context};
 use crate::stats::{bump, drop_one, Stats};
-use crate::Backoff;
+use braid_client::Backoff;
 
 /// Messages in flight between the outbox and Kafka.
 const WINDOW: u16 = 1024;
@@ -66,7 +66,7 @@ pub(super) async fn run(
             backoff.reset();
         }
         warn!(bridge = %config.name, "kafka bridge out: {why}; resending what Kafka has not acknowledged in {} ms", backoff.next().as_millis());
-        if !backoff.pause(&stop).await {
+        if !crate::pause(&mut backoff, &stop).await {
             return;
         }
     }

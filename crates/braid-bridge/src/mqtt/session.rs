@@ -35,7 +35,7 @@ use braid_proto::{ByteString, Bytes};
 use super::remote::{self, Remote, FIRST_BACKOFF};
 use super::Bridge;
 use crate::stats::{bump, drop_one, Stats};
-use crate::Backoff;
+use braid_client::Backoff;
 
 /// Unacknowledged QoS 1/2 messages each way: the Receive Maximum the bridge announces on
 /// both sides and the most it sends before an acknowledgement (the remote's own Receive
@@ -70,7 +70,7 @@ pub(super) async fn run(b: Arc<Bridge>) {
             backoff.reset();
         }
         debug!(bridge = %b.config.name, "mqtt bridge: {why}; starting again in {} ms", backoff.next().as_millis());
-        if !backoff.pause(&b.stop).await {
+        if !crate::pause(&mut backoff, &b.stop).await {
             return;
         }
     }
@@ -124,7 +124,7 @@ async fn connect_remote(b: &Bridge) -> Option<(Client, Connected)> {
             },
             _ = b.stop.cancelled() => return None,
         }
-        if !backoff.pause(&b.stop).await {
+        if !crate::pause(&mut backoff, &b.stop).await {
             return None;
         }
     }

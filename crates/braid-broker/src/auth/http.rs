@@ -2,14 +2,19 @@
 //! `{"clientid": ..., "username": ..., "password": ...}` to `auth.http_url` and expects
 //! `200` with `{"result": "allow" | "deny", "acl": {"publish": [...], "subscribe": [...]}}`
 //! (`acl` optional). Anything else (another status, a bad body, no answer within
-//! `auth.http_timeout_ms`) denies. Plain `http://` only: a small HTTP/1.1 client, one
-//! connection per request (`Connection: close`).
+//! `auth.http_timeout_ms`) denies. Plain `http://` only, through hyper's HTTP/1.1 client
+//! (hyper-util's), one connection per request (`Connection: close`, none kept idle).
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::header::{CONNECTION, CONTENT_TYPE};
+use hyper::{StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::jwt::AclClaim;
 
@@ -19,9 +24,9 @@ const MAX_REPLY: usize = 64 * 1024;
 /// Where the hook is and how long it may take.
 #[derive(Debug, Clone)]
 pub struct HttpHook {
-    host: String,
-    path: String,
+    uri: Uri,
     timeout: Duration,
+    client: Client<HttpConnector, Full<Bytes>>,
 }
 
 #[derive(Serialize)]
@@ -44,17 +49,19 @@ pub struct Reply {
 impl HttpHook {
     /// A hook at `url` (`http://host[:port]/path`).
     pub fn new(url: &str, timeout: Duration) -> Result<HttpHook, String> {
-        let rest =
-            url.strip_prefix("http://").ok_or_else(|| format!("{url:?}: only http:// URLs are supported"))?;
-        let (host, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        if host.is_empty() {
-            return Err(format!("{url:?}: no host"));
+        let uri: Uri = url.parse().map_err(|e| format!("{url:?}: {e}"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!("{url:?}: only http:// URLs are supported"));
         }
-        let host = if host.contains(':') { host.to_string() } else { format!("{host}:80") };
-        Ok(HttpHook { host, path: path.to_string(), timeout })
+        match uri.host() {
+            Some(host) if !host.is_empty() => {}
+            _ => return Err(format!("{url:?}: no host")),
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
+        Ok(HttpHook { uri, timeout, client })
     }
 
     /// Asks the hook; the error says why the answer is not usable (which denies).
@@ -68,100 +75,128 @@ impl HttpHook {
         let body =
             serde_json::to_vec(&Request { clientid: client_id, username, password: password.as_deref() })
                 .map_err(|e| e.to_string())?;
+        let request = hyper::Request::post(self.uri.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(CONNECTION, "close")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
         let exchange = async {
-            let mut stream = TcpStream::connect(&self.host).await.map_err(|e| format!("connect: {e}"))?;
-            let head = format!(
-                "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                self.path,
-                self.host,
-                body.len()
-            );
-            stream.write_all(head.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
-            stream.write_all(&body).await.map_err(|e| format!("write: {e}"))?;
-            let mut reply = Vec::new();
-            (&mut stream)
-                .take(MAX_REPLY as u64 + 1)
-                .read_to_end(&mut reply)
-                .await
-                .map_err(|e| format!("read: {e}"))?;
-            if reply.len() > MAX_REPLY {
-                return Err(format!("reply longer than {MAX_REPLY} bytes"));
-            }
-            Ok(reply)
+            let response = self.client.request(request).await.map_err(|e| {
+                let what = if e.is_connect() { "connect" } else { "request" };
+                format!("{what}: {}", causes(&e))
+            })?;
+            let status = response.status();
+            let reply = Limited::new(response.into_body(), MAX_REPLY).collect().await.map_err(|e| {
+                match e.is::<LengthLimitError>() {
+                    true => format!("reply longer than {MAX_REPLY} bytes"),
+                    false => format!("read: {}", causes(&*e)),
+                }
+            })?;
+            Ok::<_, String>((status, reply.to_bytes()))
         };
-        let reply = tokio::time::timeout(self.timeout, exchange)
+        let (status, reply) = tokio::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| format!("no answer within {} ms", self.timeout.as_millis()))??;
-        parse_reply(&reply)
+        parse_reply(status, &reply)
     }
 }
 
-/// Parses an HTTP/1.x response: status 200 and a JSON [`Reply`] body (plain or chunked).
-fn parse_reply(raw: &[u8]) -> Result<Reply, String> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or("reply has no HTTP header")?;
-    let head = std::str::from_utf8(&raw[..split]).map_err(|_| "reply header is not text")?;
-    let mut body = raw[split + 4..].to_vec();
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap_or("");
-    let code = status.split_whitespace().nth(1).unwrap_or("");
-    if code != "200" {
-        return Err(format!("HTTP status {status:?}"));
+/// `e` and the errors under it, as `e: cause: cause`.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
     }
-    let chunked = lines.any(|l| {
-        l.split_once(':').is_some_and(|(k, v)| {
-            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim().eq_ignore_ascii_case("chunked")
-        })
-    });
-    if chunked {
-        body = dechunk(&body).ok_or("bad chunked body")?;
+    text
+}
+
+/// Checks a response: status 200 and a JSON [`Reply`] body (hyper has decoded a chunked one).
+fn parse_reply(status: StatusCode, body: &[u8]) -> Result<Reply, String> {
+    if status != StatusCode::OK {
+        return Err(format!("HTTP status {status}"));
     }
-    let reply: Reply = serde_json::from_slice(&body).map_err(|e| format!("bad JSON reply: {e}"))?;
+    let reply: Reply = serde_json::from_slice(body).map_err(|e| format!("bad JSON reply: {e}"))?;
     match reply.result.as_str() {
         "allow" | "deny" => Ok(reply),
         other => Err(format!("result {other:?}: expected allow or deny")),
     }
 }
 
-fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let end = data.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&data[..end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        data = &data[end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(data.get(..size)?);
-        data = data.get(size + 2..)?;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn urls() {
         let h = HttpHook::new("http://127.0.0.1:8080/auth", Duration::from_secs(1)).unwrap();
-        assert_eq!((h.host.as_str(), h.path.as_str()), ("127.0.0.1:8080", "/auth"));
+        assert_eq!((h.uri.host(), h.uri.port_u16(), h.uri.path()), (Some("127.0.0.1"), Some(8080), "/auth"));
         let h = HttpHook::new("http://auth.local", Duration::from_secs(1)).unwrap();
-        assert_eq!((h.host.as_str(), h.path.as_str()), ("auth.local:80", "/"));
-        assert!(HttpHook::new("https://x/", Duration::from_secs(1)).is_err());
+        assert_eq!((h.uri.host(), h.uri.port_u16(), h.uri.path()), (Some("auth.local"), None, "/"));
+        assert!(HttpHook::new("https://x/", Duration::from_secs(1)).unwrap_err().contains("only http://"));
+        assert!(HttpHook::new("auth.local/x", Duration::from_secs(1)).is_err());
+        assert!(HttpHook::new("http://", Duration::from_secs(1)).is_err());
     }
 
     #[test]
     fn replies() {
-        let ok = parse_reply(b"HTTP/1.1 200 OK\r\nContent-Length: 18\r\n\r\n{\"result\":\"allow\"}").unwrap();
+        let ok = parse_reply(StatusCode::OK, b"{\"result\":\"allow\"}").unwrap();
         assert_eq!(ok.result, "allow");
-        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"res\r\nc\r\nult\":\"deny\"}\r\n0\r\n\r\n";
-        assert_eq!(parse_reply(chunked).unwrap().result, "deny");
-        assert!(parse_reply(b"HTTP/1.1 500 Oops\r\n\r\n").unwrap_err().contains("500"));
-        assert!(parse_reply(b"HTTP/1.1 200 OK\r\n\r\nnot json").is_err());
-        assert!(parse_reply(b"HTTP/1.1 200 OK\r\n\r\n{\"result\":\"maybe\"}").is_err());
+        let err = parse_reply(StatusCode::INTERNAL_SERVER_ERROR, b"").unwrap_err();
+        assert_eq!(err, "HTTP status 500 Internal Server Error");
+        assert!(parse_reply(StatusCode::OK, b"not json").is_err());
+        assert!(parse_reply(StatusCode::OK, b"{\"result\":\"maybe\"}").is_err());
         let acl =
-            parse_reply(b"HTTP/1.1 200 OK\r\n\r\n{\"result\":\"allow\",\"acl\":{\"publish\":[\"a/#\"]}}")
-                .unwrap();
+            parse_reply(StatusCode::OK, b"{\"result\":\"allow\",\"acl\":{\"publish\":[\"a/#\"]}}").unwrap();
         assert_eq!(acl.acl.unwrap().publish, vec!["a/#".to_string()]);
+    }
+
+    /// A hook that answers every request with `reply` (raw HTTP), once per connection.
+    async fn hook(reply: &'static [u8]) -> HttpHook {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/auth", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0; 1024];
+                    while !request.ends_with(b"}") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&request);
+                    assert!(text.starts_with("POST /auth HTTP/1.1\r\n"), "{text}");
+                    assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
+                    let _ = s.write_all(reply).await;
+                });
+            }
+        });
+        HttpHook::new(&url, Duration::from_secs(5)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_chunked_reply_is_read_whole_and_a_long_one_refused() {
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"res\r\nc\r\nult\":\"deny\"}\r\n0\r\n\r\n";
+        let reply = hook(chunked).await.ask("c1", Some("u"), Some(b"p")).await.unwrap();
+        assert_eq!(reply.result, "deny");
+        let head = "HTTP/1.1 200 OK\r\nContent-Length: 70000\r\n\r\n";
+        let long: &'static [u8] = format!("{head}{}", " ".repeat(70_000)).into_bytes().leak();
+        let err = hook(long).await.ask("c1", None, None).await.unwrap_err();
+        assert_eq!(err, format!("reply longer than {MAX_REPLY} bytes"));
+        let refused = hook(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n").await;
+        assert_eq!(refused.ask("c1", None, None).await.unwrap_err(), "HTTP status 403 Forbidden");
+    }
+
+    #[tokio::test]
+    async fn no_listener_is_a_connect_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let h = HttpHook::new(&format!("http://127.0.0.1:{port}/auth"), Duration::from_secs(5)).unwrap();
+        let err = h.ask("c1", None, None).await.unwrap_err();
+        assert!(err.starts_with("connect: "), "{err}");
     }
 }

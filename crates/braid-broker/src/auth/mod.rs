@@ -90,6 +90,8 @@ pub struct Security {
     /// Bounds concurrent password hashing (each is CPU- and memory-hungry).
     hashing: Semaphore,
     stamps: Mutex<(Stamp, Stamp)>,
+    /// Reads of the password and ACL files, loaded or refused (see [`Security::file_reads`]).
+    reads: AtomicU64,
 }
 
 impl Security {
@@ -143,6 +145,7 @@ impl Security {
             http,
             hashing: Semaphore::new(hashers),
             stamps: Mutex::new((None, None)),
+            reads: AtomicU64::new(0),
         };
         if security.acl_file.is_some() {
             // Until the file loads, nothing is allowed.
@@ -200,6 +203,8 @@ impl Security {
                     }
                     Err(e) => error!("auth.password_file: {e}; keeping the previous users"),
                 }
+                // After the outcome is in force: see `file_reads`.
+                self.reads.fetch_add(1, Ordering::Release);
             }
         }
         if let Some(path) = &self.acl_file {
@@ -216,8 +221,16 @@ impl Security {
                     }
                     Err(e) => error!("acl.file: {e}; keeping the previous rules"),
                 }
+                self.reads.fetch_add(1, Ordering::Release);
             }
         }
+    }
+
+    /// How many times [`Security::reload`] has read the password or ACL file (at start, on
+    /// SIGHUP, after a change), whether the file loaded or was refused: once it has moved past
+    /// a change, that change is in force or was reported (what a test waits on, not the clock).
+    pub fn file_reads(&self) -> u64 {
+        self.reads.load(Ordering::Acquire)
     }
 
     /// Authenticates a CONNECT. `verified_username` is an identity the transport established

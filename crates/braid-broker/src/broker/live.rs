@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, LimitsConfig, QueuePolicy, SessionConfig};
 use crate::session::QueueLimits;
-use crate::transport::{PerTransport, Transport};
+use crate::transport_kind::{PerTransport, Transport};
 
 /// `[limits]` and `[session]` as they are now.
 #[derive(Debug)]

@@ -46,7 +46,7 @@ use crate::report::Report;
 use crate::retained::Retained;
 use crate::router::{Confirm, Router};
 use crate::session::{Restore, Session, Wakes};
-use crate::store::{self, Store, StoreError, Ticket};
+use crate::store::{self, Store, StoreError, Ticket, UnixClock};
 use crate::trace::Tracer;
 use live::Live;
 
@@ -91,9 +91,8 @@ pub struct Broker {
     /// Notified when a timer earlier than every other was set: the runtime's wait for
     /// [`Broker::poll_timeout`] must be shortened.
     pub timers_changed: Notify,
-    /// Seconds since the Unix epoch at `started`: converts `now` to the wall-clock times the
-    /// store keeps.
-    started_unix: u64,
+    /// The Unix time at `started`: converts `now` to the wall-clock times the store keeps.
+    clock: UnixClock,
     /// The cluster-wide session directory, when this broker is a node of a cluster.
     directory: OnceLock<Arc<dyn Directory>>,
     /// Drains and rebalances of the cluster's connections, when this broker is a node of one.
@@ -218,8 +217,11 @@ impl Broker {
     /// A broker with the store `config` names, its persistent sessions, subscriptions and
     /// retained messages reloaded (their wills and expiries set as timers).
     pub fn open(config: Config) -> Result<Arc<Broker>, StoreError> {
-        let store = store::open(&config.store)?;
-        Ok(Broker::open_on(config, store))
+        let clock = UnixClock::read();
+        let store = store::open(&config.store, clock)?;
+        let broker = Broker::with_clock(config, store, clock);
+        broker.recover(broker.started);
+        Ok(broker)
     }
 
     /// A broker on `store` with what it kept reloaded, as [`Broker::open`] does.
@@ -232,7 +234,12 @@ impl Broker {
     /// A broker on `store`. The one clock reading of the core: the start, from which `now`
     /// arguments are measured and converted to the Unix times the store keeps.
     pub fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
-        let started = Instant::now();
+        Broker::with_clock(config, store, UnixClock::read())
+    }
+
+    /// A broker on `store` that started at `clock`'s reading.
+    fn with_clock(config: Config, store: Arc<dyn Store>, clock: UnixClock) -> Arc<Broker> {
+        let started = clock.at();
         let router = Router::new(config.shared.strategy, config.mqtt.overlapping);
         let live = RwLock::new(Arc::new(Live::of(&config)));
         let broker = Arc::new(Broker {
@@ -241,7 +248,7 @@ impl Broker {
             config,
             metrics: Metrics::default(),
             started,
-            started_unix: store::unix_now(),
+            clock,
             shutdown: CancellationToken::new(),
             sessions: Mutex::new(HashSet::new()),
             liveness: LivenessTable::default(),
@@ -290,7 +297,13 @@ impl Broker {
 
     /// `now` in seconds since the Unix epoch, as the store keeps times.
     fn unix_secs(&self, now: Instant) -> u64 {
-        self.started_unix + now.saturating_duration_since(self.started).as_secs()
+        self.clock.unix_secs(now)
+    }
+
+    /// The broker's conversion between its instants and Unix time (read once, at the start),
+    /// for what puts a time in a record: the store, and messages passed to other nodes.
+    pub fn unix_clock(&self) -> &UnixClock {
+        &self.clock
     }
 
     /// `[limits]` and `[session]` as they are now (`Broker::config` keeps them as they were at

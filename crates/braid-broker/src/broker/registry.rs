@@ -14,7 +14,7 @@ use crate::control::ConnControl;
 use crate::router::{RemoteRef, SubEntry};
 use crate::session::{Link, Origin, Persist, QueueLimits, Release, Session};
 use crate::store::Ticket;
-use crate::transport::Transport;
+use crate::transport_kind::Transport;
 
 impl Broker {
     /// The queue limits of the sessions of clients that connect through `transport`'s

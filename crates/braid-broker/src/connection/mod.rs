@@ -26,7 +26,7 @@ use crate::control::ConnControl;
 use crate::metrics::Metrics;
 use crate::session::{Origin, QueueLimits, Session, SessionState, Transmit};
 use crate::trace::Direction;
-use crate::transport::Transport;
+use crate::transport_kind::Transport;
 use braid_proto::ReadBuffer;
 use inbound::{Flow, Inbound};
 

@@ -5,14 +5,13 @@
 //! instead of in socket buffers in front of the client where it only adds latency
 //! (docs/flow-control.md, "The delivery window").
 
-use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Microseconds since the first call, modulo 2^32: differences are exact up to ~71 minutes.
-pub(super) fn micros(now: Instant) -> u32 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    now.saturating_duration_since(base).as_micros() as u32
+/// Microseconds from `epoch` to `now` (0 if `now` is before it), modulo 2^32: differences are
+/// exact up to ~71 minutes. Times compared with each other must share their epoch (each
+/// in-flight window keeps its own: [`super::inflight::Inflight`]).
+pub(super) fn micros(now: Instant, epoch: Instant) -> u32 {
+    now.saturating_duration_since(epoch).as_micros() as u32
 }
 
 /// Window of a new connection.

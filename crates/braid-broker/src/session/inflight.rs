@@ -1,8 +1,9 @@
 //! Outbound QoS 1/2 deliveries sent and not yet acknowledged, with packet id allocation.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
-use super::adaptive::AdaptiveWindow;
+use super::adaptive::{micros, AdaptiveWindow};
 use crate::message::Delivery;
 
 /// Where an outbound QoS 1/2 delivery stands.
@@ -25,7 +26,7 @@ pub struct Entry {
     pub stage: Stage,
     /// Must be (re)sent on the current connection: new, or carried over from an earlier one.
     pub unsent: bool,
-    /// When it was last sent ([`super::adaptive::micros`]).
+    /// When it was last sent: microseconds since its window's epoch ([`super::adaptive::micros`]).
     pub sent_at: u32,
 }
 
@@ -49,6 +50,9 @@ struct Window {
     in_use: Option<Box<[u64; 1024]>>,
     /// How many deliveries the current connection's acknowledgement delays say to send ahead.
     adaptive: AdaptiveWindow,
+    /// What the entries' and the adaptive window's times count from: the first `now` the window
+    /// was given (none yet: only restored entries, not sent).
+    epoch: Option<Instant>,
 }
 
 /// Entries up to which finding a free packet id by scanning is cheaper than a bitmap.
@@ -72,18 +76,26 @@ impl Inflight {
 
     /// Adds a delivery, sent at `now`, with a fresh packet id (one not in use) and returns
     /// that id.
-    pub fn push(&mut self, delivery: Delivery, now: u32) -> u16 {
+    pub fn push(&mut self, delivery: Delivery, now: Instant) -> u16 {
         let w = self.window();
         w.track_ids();
         let id = w.free_id();
-        w.push_with_id(delivery, id, Stage::Published, false, now);
+        let at = w.micros(now);
+        w.push_with_id(delivery, id, Stage::Published, false, at);
         id
     }
 
-    /// Adds a delivery with packet id `id` (which must be free): sent at `now`, or (`unsent`)
-    /// restored from the store, to be resent.
-    pub fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool, now: u32) {
-        self.window().push_with_id(delivery, id, stage, unsent, now);
+    /// Adds a delivery with packet id `id` (which must be free), sent at `now`.
+    pub fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, now: Instant) {
+        let w = self.window();
+        let at = w.micros(now);
+        w.push_with_id(delivery, id, stage, false, at);
+    }
+
+    /// Adds a delivery with packet id `id` (which must be free) restored from the store, to be
+    /// resent.
+    pub fn push_unsent(&mut self, delivery: Delivery, id: u16, stage: Stage) {
+        self.window().push_with_id(delivery, id, stage, true, 0);
     }
 
     /// The entry added last.
@@ -128,7 +140,8 @@ impl Inflight {
     }
 
     /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. Returns its store
-    /// sequence number and when it was sent, or None if `id` is unknown.
+    /// sequence number and when it was sent (for [`Inflight::acknowledged`]), or None if `id`
+    /// is unknown.
     pub fn complete(&mut self, id: u16, stage: Stage) -> Option<(u64, u32)> {
         let w = self.0.as_deref_mut()?;
         let e = w.entries.remove(w.position(id, stage)?)?;
@@ -160,10 +173,11 @@ impl Inflight {
         self.0.as_ref().map_or(&AdaptiveWindow::FRESH, |w| &w.adaptive)
     }
 
-    /// An acknowledgement of a delivery sent at `sent` arrived at `now`
-    /// ([`AdaptiveWindow::on_ack`]).
-    pub fn acknowledged(&mut self, sent: u32, now: u32, full: bool) {
+    /// An acknowledgement of a delivery sent at `sent` (as [`Inflight::complete`] or
+    /// [`Inflight::release`] returned it) arrived at `now` ([`AdaptiveWindow::on_ack`]).
+    pub fn acknowledged(&mut self, sent: u32, now: Instant, full: bool) {
         if let Some(w) = self.0.as_deref_mut() {
+            let now = w.micros(now);
             w.adaptive.on_ack(sent, now, full);
         }
     }
@@ -181,11 +195,12 @@ impl Inflight {
     }
 
     /// The oldest entry still to be resent on this connection, now marked sent at `now`.
-    pub fn next_unsent(&mut self, now: u32) -> Option<&Entry> {
+    pub fn next_unsent(&mut self, now: Instant) -> Option<&Entry> {
         let w = self.0.as_deref_mut()?;
         if w.unsent == 0 {
             return None;
         }
+        let now = w.micros(now);
         let i = w.entries.len() - usize::from(w.unsent);
         w.unsent -= 1;
         let e = &mut w.entries[i];
@@ -201,6 +216,11 @@ impl Inflight {
 }
 
 impl Window {
+    /// `now` in microseconds since the window's epoch (`now`, if it has none yet).
+    fn micros(&mut self, now: Instant) -> u32 {
+        micros(now, *self.epoch.get_or_insert(now))
+    }
+
     fn push_with_id(&mut self, delivery: Delivery, id: u16, stage: Stage, unsent: bool, now: u32) {
         debug_assert!(unsent || self.unsent == 0, "resends go first");
         self.track_ids();
@@ -267,18 +287,18 @@ mod tests {
 
     #[test]
     fn ids_skip_zero_and_ids_in_use() {
-        let mut w = Inflight::default();
+        let (mut w, now) = (Inflight::default(), Instant::now());
         w.window().next_id = u16::MAX - 1;
-        assert_eq!(w.push(delivery(), 0), u16::MAX);
-        assert_eq!(w.push(delivery(), 0), 1);
+        assert_eq!(w.push(delivery(), now), u16::MAX);
+        assert_eq!(w.push(delivery(), now), 1);
         w.window().next_id = 0;
-        assert_eq!(w.push(delivery(), 0), 2, "1 is in use");
+        assert_eq!(w.push(delivery(), now), 2, "1 is in use");
     }
 
     #[test]
     fn large_windows_never_reuse_an_id_in_use() {
-        let mut w = Inflight::default();
-        let ids: Vec<u16> = (0..1000).map(|_| w.push(delivery(), 0)).collect();
+        let (mut w, now) = (Inflight::default(), Instant::now());
+        let ids: Vec<u16> = (0..1000).map(|_| w.push(delivery(), now)).collect();
         assert!(w.window().in_use.is_some(), "switched to the bitmap");
         let mut seen = std::collections::HashSet::new();
         assert!(ids.iter().all(|id| seen.insert(*id)));
@@ -288,7 +308,7 @@ mod tests {
         }
         w.window().next_id = 0;
         for _ in 0..500 {
-            let id = w.push(delivery(), 0);
+            let id = w.push(delivery(), now);
             assert!(seen.insert(id) || ids.iter().step_by(2).any(|f| *f == id), "id {id} was in use");
         }
         assert_eq!(w.len(), 1000);
@@ -296,10 +316,10 @@ mod tests {
 
     #[test]
     fn qos2_moves_through_release_to_complete() {
-        let mut w = Inflight::default();
-        let id = w.push(delivery(), 0);
+        let (mut w, now) = (Inflight::default(), Instant::now());
+        let id = w.push(delivery(), now);
         assert!(w.complete(id, Stage::Released).is_none(), "PUBCOMP before PUBREC is unknown");
-        assert_eq!(w.release(id), Some(Some(0)));
+        assert_eq!(w.release(id), Some(Some(0)), "sent at the window's epoch");
         assert_eq!(w.release(id), Some(None), "a repeated PUBREC is harmless");
         assert!(w.complete(id, Stage::Released).is_some());
         assert!(w.is_empty());
@@ -307,33 +327,52 @@ mod tests {
 
     #[test]
     fn taking_entries_out_frees_their_ids_and_keeps_the_resend_count() {
-        let mut w = Inflight::default();
-        let ids: Vec<u16> = (0..100).map(|_| w.push(delivery(), 0)).collect();
+        let (mut w, now) = (Inflight::default(), Instant::now());
+        let ids: Vec<u16> = (0..100).map(|_| w.push(delivery(), now)).collect();
         w.mark_all_unsent();
-        assert!(w.next_unsent(0).is_some());
+        assert!(w.next_unsent(now).is_some());
         let taken = w.take_where(|e| e.packet_id % 2 == 0);
         assert_eq!(taken.len(), 50);
         assert_eq!(w.len(), 50);
         assert!(ids.iter().all(|id| w.in_use(*id) == (id % 2 == 1)), "taken ids are free again");
         // The first entry (id 1, resent already) stays sent; the other 49 still wait.
         assert_eq!(w.sent(), 1);
-        assert_eq!((0..60).filter_map(|_| w.next_unsent(0).map(|e| e.packet_id)).count(), 49);
+        assert_eq!((0..60).filter_map(|_| w.next_unsent(now).map(|e| e.packet_id)).count(), 49);
+    }
+
+    #[test]
+    fn times_count_from_the_window_s_own_epoch() {
+        let (mut w, start) = (Inflight::default(), Instant::now());
+        let later = start + std::time::Duration::from_micros(1_500);
+        let first = w.push(delivery(), later);
+        let second = w.push(delivery(), later + std::time::Duration::from_micros(250));
+        assert_eq!(
+            w.complete(first, Stage::Published).map(|(_, sent)| sent),
+            Some(0),
+            "the first now is the epoch"
+        );
+        assert_eq!(w.release(second), Some(Some(250)));
+        // A window that only holds restored entries takes its epoch from the first resend.
+        let mut restored = Inflight::default();
+        restored.push_unsent(delivery(), 9, Stage::Published);
+        assert_eq!(restored.next_unsent(later).map(|e| (e.packet_id, e.sent_at)), Some((9, 0)));
+        restored.acknowledged(0, later + std::time::Duration::from_micros(80), true);
     }
 
     #[test]
     fn resume_resends_everything_once() {
-        let mut w = Inflight::default();
-        w.push(delivery(), 0);
-        w.push(delivery(), 0);
+        let (mut w, now) = (Inflight::default(), Instant::now());
+        w.push(delivery(), now);
+        w.push(delivery(), now);
         w.mark_all_unsent();
         assert_eq!(w.sent(), 0);
-        assert!(w.next_unsent(0).is_some());
+        assert!(w.next_unsent(now).is_some());
         assert_eq!(w.sent(), 1);
-        let second = w.next_unsent(0).unwrap().packet_id;
-        assert!(w.next_unsent(0).is_none());
+        let second = w.next_unsent(now).unwrap().packet_id;
+        assert!(w.next_unsent(now).is_none());
         w.mark_all_unsent();
         assert!(w.complete(second, Stage::Published).is_some(), "acked before it was resent");
-        assert!(w.next_unsent(0).is_some());
-        assert!(w.next_unsent(0).is_none());
+        assert!(w.next_unsent(now).is_some());
+        assert!(w.next_unsent(now).is_none());
     }
 }

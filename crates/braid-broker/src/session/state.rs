@@ -11,7 +11,6 @@ use braid_proto::{
     PublishView, QoS, ReasonCode,
 };
 
-use super::adaptive::micros;
 use super::alias::{AliasUse, OutboundAliases};
 use super::inflight::{Entry, Inflight, Stage};
 use super::persist::{Persist, Restore};
@@ -22,7 +21,7 @@ use crate::config::OverflowPolicy;
 use crate::control::ConnControl;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::store::{self, SessionRecord, Stored, Ticket};
-use crate::transport::Transport;
+use crate::transport_kind::Transport;
 
 /// The outbound side of the connection currently attached to the session.
 #[derive(Debug)]
@@ -423,7 +422,7 @@ impl SessionState {
                 store::Stage::Sent => Stage::Published,
                 store::Stage::Released => Stage::Released,
             };
-            self.inflight.push_with_id(s.delivery, store::packet_id_for(s.seq), stage, true, 0);
+            self.inflight.push_unsent(s.delivery, store::packet_id_for(s.seq), stage);
         }
         self.queue.push_front_all(queued);
     }
@@ -499,7 +498,7 @@ impl SessionState {
         let Some((seq, sent_at)) = self.inflight.complete(id, stage) else { return false };
         done(&mut self.persist, seq);
         if let Some(now) = now {
-            self.inflight.acknowledged(sent_at, micros(now), full);
+            self.inflight.acknowledged(sent_at, now, full);
         }
         true
     }
@@ -542,7 +541,7 @@ impl SessionState {
         let reason = match self.inflight.release(ack.packet_id) {
             Some(first) => {
                 if let Some(sent_at) = first {
-                    self.inflight.acknowledged(sent_at, micros(now), full);
+                    self.inflight.acknowledged(sent_at, now, full);
                 }
                 ReasonCode::Success
             }
@@ -571,7 +570,7 @@ impl SessionState {
         let Some(link) = self.link.as_mut() else {
             return t;
         };
-        let (version, at) = (link.version, micros(now));
+        let (version, at) = (link.version, now);
         // Resends count against the window of the new connection, which may be smaller.
         while self.inflight.sent() < window {
             if out.is_full() {
@@ -639,7 +638,7 @@ impl SessionState {
                 (_, Some(id), Some(persist)) => {
                     persist.stage(d.seq, store::Stage::Sent);
                     head.packet_id = id;
-                    self.inflight.push_with_id(d, id, Stage::Published, false, at);
+                    self.inflight.push_with_id(d, id, Stage::Published, at);
                 }
                 _ => head.packet_id = self.inflight.push(d, at),
             }

@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use braid_proto::ByteString;
 
 use super::backend::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, StoreStats, Stored, Ticket};
-use super::record::{self, kind};
+use super::record::{self, kind, UnixClock};
 use crate::config::{Durability, StoreConfig};
 use crate::message::Message;
 use crate::metrics::Histogram;
@@ -106,12 +106,13 @@ impl std::fmt::Debug for DiskStore {
 
 impl DiskStore {
     /// Opens (creating if needed) the store in `config.data_dir`, reads it back and starts the
-    /// writer. A foreign or damaged directory is refused with the file and the problem.
-    pub fn open(config: &StoreConfig) -> Result<DiskStore, StoreError> {
+    /// writer. A foreign or damaged directory is refused with the file and the problem. The
+    /// times records keep are converted by `clock`.
+    pub fn open(config: &StoreConfig, clock: UnixClock) -> Result<DiskStore, StoreError> {
         let started = Instant::now();
         let dir = config.data_dir.clone();
         let lock = prepare_dir(&dir)?;
-        let mut log = Log::open(&dir, lock)?;
+        let mut log = Log::open(&dir, lock, clock)?;
         let recovered = log.recover()?;
         info!(
             dir = %dir.display(),
@@ -239,17 +240,20 @@ struct Log {
     /// Encoded records not yet written; they belong at the end of the head segment.
     buf: Vec<u8>,
     index: Index,
+    /// Converts the expiries records keep.
+    clock: UnixClock,
     _lock: File,
 }
 
 impl Log {
-    fn open(dir: &Path, lock: File) -> Result<Log, StoreError> {
+    fn open(dir: &Path, lock: File, clock: UnixClock) -> Result<Log, StoreError> {
         Ok(Log {
             dir: dir.into(),
             segs: BTreeMap::new(),
             head: 0,
             buf: Vec::new(),
             index: Index::default(),
+            clock,
             _lock: lock,
         })
     }
@@ -397,7 +401,7 @@ impl Log {
                 }
             }
             kind::RETAIN => {
-                let msg = record::read_retain(body)?;
+                let msg = record::read_retain(body, &self.clock)?;
                 if let Some((old, _)) = retained.remove(&msg.topic) {
                     live(&mut self.segs, old, false);
                 }
@@ -420,11 +424,15 @@ impl Log {
         let now = std::time::Instant::now();
         let mut out = Recovered { next_session_id: self.index.max_session + 1, ..Default::default() };
         for (topic, (loc, body)) in retained {
-            let msg = record::read_retain(&body).map_err(|e| self.damaged(loc.seg, loc.off, e))?;
+            let msg =
+                record::read_retain(&body, &self.clock).map_err(|e| self.damaged(loc.seg, loc.off, e))?;
             if msg.is_expired(now) {
                 // Purged now, with a clearing record, so it is not read again next time.
                 live(&mut self.segs, loc, false);
-                self.put(kind::RETAIN, &record::retain(&Message::internal(topic, Default::default(), true)));
+                self.put(
+                    kind::RETAIN,
+                    &record::retain(&Message::internal(topic, Default::default(), true), &self.clock),
+                );
             } else {
                 self.index.retained.insert(topic, loc);
                 out.retained.push(msg);
@@ -519,7 +527,7 @@ impl Log {
     }
 
     fn retain(&mut self, msg: &Message) {
-        let loc = self.put(kind::RETAIN, &record::retain(msg));
+        let loc = self.put(kind::RETAIN, &record::retain(msg, &self.clock));
         let old = if msg.payload.is_empty() {
             self.index.retained.remove(&msg.topic)
         } else {
@@ -536,7 +544,7 @@ impl Log {
             Op::Session(r) => self.session_meta(r.id, &record::session(&r)),
             Op::EndSession(id) => self.end_session(id),
             Op::Append { session, seq, delivery } => {
-                let loc = self.put(kind::APPEND, &record::append(session, seq, &delivery));
+                let loc = self.put(kind::APPEND, &record::append(session, seq, &delivery, &self.clock));
                 live(&mut self.segs, loc, true);
                 let s = self.index.sessions.entry(session).or_default();
                 s.max_seq = s.max_seq.max(seq);
@@ -582,7 +590,7 @@ impl Log {
             let Some((kind::APPEND, body, _)) = record::unframe(&frame).map_err(damaged)? else {
                 return Err(damaged("not a delivery".into()));
             };
-            let (seq, delivery) = record::read_append(body).map_err(damaged)?;
+            let (seq, delivery) = record::read_append(body, &self.clock).map_err(damaged)?;
             out.push(Stored { seq, stage: m.stage, delivery });
         }
         Ok(out)
@@ -809,7 +817,7 @@ mod tests {
     fn reopened_store_has_sessions_deliveries_and_retained() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = DiskStore::open(&config(dir.path())).unwrap();
+            let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
             let will = LastWill {
                 topic: ByteString::from_static("w"),
                 payload: Bytes::from_static(b"bye"),
@@ -839,7 +847,7 @@ mod tests {
             store.submit(Op::Retain(retained));
             store.close();
         }
-        let store = DiskStore::open(&config(dir.path())).unwrap();
+        let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
         let found = store.take_recovered();
         assert_eq!(found.next_session_id, 4);
         let s = &found.sessions[0];
@@ -871,7 +879,7 @@ mod tests {
     fn damage_is_reported_with_the_segment_and_offset() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = DiskStore::open(&config(dir.path())).unwrap();
+            let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
             for topic in ["r/1", "r/2"] {
                 let msg = Message::internal(ByteString::from_static(topic), Bytes::from_static(b"x"), true);
                 store.submit(Op::Retain(msg));
@@ -883,7 +891,7 @@ mod tests {
         let first = SEGMENT_MAGIC.len();
         data[first + record::FRAME_HEADER] ^= 0xFF;
         fs::write(&segment, data).unwrap();
-        match DiskStore::open(&config(dir.path())) {
+        match DiskStore::open(&config(dir.path()), UnixClock::read()) {
             Err(StoreError::Damaged { segment: at, offset, problem }) => {
                 assert_eq!((at, offset), (segment, first as u64));
                 assert_eq!(problem, "record checksum mismatch");
@@ -896,15 +904,15 @@ mod tests {
     fn a_foreign_or_busy_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("notes.txt"), "mine").unwrap();
-        match DiskStore::open(&config(dir.path())) {
+        match DiskStore::open(&config(dir.path()), UnixClock::read()) {
             Err(StoreError::Foreign { dir: at, found, .. }) => {
                 assert_eq!((at.as_path(), found.as_str()), (dir.path(), "notes.txt"))
             }
             other => panic!("{other:?}"),
         }
         let dir = tempfile::tempdir().unwrap();
-        let _open = DiskStore::open(&config(dir.path())).unwrap();
-        match DiskStore::open(&config(dir.path())) {
+        let _open = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
+        match DiskStore::open(&config(dir.path()), UnixClock::read()) {
             Err(StoreError::InUse { dir: at }) => assert_eq!(at, dir.path()),
             other => panic!("{other:?}"),
         }
@@ -916,7 +924,7 @@ mod tests {
         let file = dir.path().join("file");
         fs::write(&file, "").unwrap();
         let data_dir = file.join("data");
-        let err = DiskStore::open(&config(&data_dir)).unwrap_err();
+        let err = DiskStore::open(&config(&data_dir), UnixClock::read()).unwrap_err();
         assert!(
             matches!(&err, StoreError::Io { path, what: "cannot create the data directory", .. } if *path == data_dir),
             "{err:?}"

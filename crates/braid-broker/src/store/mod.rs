@@ -13,18 +13,19 @@ pub use backend::{
     packet_id_for, Op, Recovered, RecoveredSession, SessionRecord, Stage, Store, StoreError, StoreStats,
     Stored, SubscriptionRecord, Ticket,
 };
-pub use record::unix_now;
+pub use record::UnixClock;
 
 use std::sync::Arc;
 
 use crate::config::{StoreBackend, StoreConfig};
 
 /// The store's record encodings, for a store that keeps its records elsewhere (a cluster's
-/// Redis) and for messages passed between nodes.
+/// Redis) and for messages passed between nodes. A message's expiry is kept in Unix time,
+/// converted by the [`UnixClock`] the caller passes.
 pub mod codec {
     use std::sync::Arc;
 
-    use super::{record, SessionRecord};
+    use super::{record, SessionRecord, UnixClock};
     use crate::message::{Delivery, Message};
 
     /// A session's metadata.
@@ -38,30 +39,31 @@ pub mod codec {
     }
 
     /// A queued delivery (with its sequence number).
-    pub fn delivery(d: &Delivery) -> Vec<u8> {
-        record::append(0, d.seq, d)
+    pub fn delivery(d: &Delivery, clock: &UnixClock) -> Vec<u8> {
+        record::append(0, d.seq, d, clock)
     }
 
     /// Reads [`delivery`]'s output.
-    pub fn read_delivery(body: &[u8]) -> Result<Delivery, String> {
-        record::read_append(body).map(|(_, d)| d)
+    pub fn read_delivery(body: &[u8], clock: &UnixClock) -> Result<Delivery, String> {
+        record::read_append(body, clock).map(|(_, d)| d)
     }
 
     /// A message: topic, payload, QoS, RETAIN, properties and expiry.
-    pub fn message(msg: &Message) -> Vec<u8> {
-        record::retain(msg)
+    pub fn message(msg: &Message, clock: &UnixClock) -> Vec<u8> {
+        record::retain(msg, clock)
     }
 
     /// Reads [`message`]'s output (no publisher: origin 0).
-    pub fn read_message(body: &[u8]) -> Result<Arc<Message>, String> {
-        record::read_retain(body)
+    pub fn read_message(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, String> {
+        record::read_retain(body, clock)
     }
 }
 
-/// Opens the store `config` describes (recovering a disk store's contents).
-pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+/// Opens the store `config` describes (recovering a disk store's contents), converting the
+/// times it keeps by `clock`.
+pub fn open(config: &StoreConfig, clock: UnixClock) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match config.backend {
         StoreBackend::Memory => Arc::new(memory::MemoryStore::new()),
-        StoreBackend::Disk => Arc::new(disk::DiskStore::open(config)?),
+        StoreBackend::Disk => Arc::new(disk::DiskStore::open(config, clock)?),
     })
 }

@@ -123,26 +123,70 @@ fn get_packet(blob: &[u8]) -> Result<Packet, String> {
     }
 }
 
-/// Unix milliseconds of `at` (0 for none).
-fn unix_ms(at: Option<Instant>) -> u64 {
-    let Some(at) = at else { return 0 };
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let left = at.saturating_duration_since(Instant::now());
-    (now + left).as_millis().max(1) as u64
+/// The Unix time of one reading of the monotonic clock: converts the [`Instant`]s the broker
+/// works in to the Unix times records keep, and back, without reading a clock itself. Whoever
+/// owns the I/O edge reads it once ([`UnixClock::read`]: the broker at its start, passing it
+/// to the store it opens) and hands it to every conversion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnixClock {
+    at: Instant,
+    unix: Duration,
 }
 
-/// The instant of unix milliseconds `ms` (0 for none); a past time is now.
-fn instant_of(ms: u64) -> Option<Instant> {
-    if ms == 0 {
-        return None;
+impl UnixClock {
+    /// The clock by which `at` is `unix` after the Unix epoch.
+    pub fn new(at: Instant, unix: Duration) -> UnixClock {
+        UnixClock { at, unix }
     }
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    Some(Instant::now() + Duration::from_millis(ms).saturating_sub(now))
+
+    /// Reads both clocks now.
+    pub fn read() -> UnixClock {
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        UnixClock { at: Instant::now(), unix }
+    }
+
+    /// The instant of the reading.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    /// Time since the Unix epoch at `at`.
+    pub fn unix(&self, at: Instant) -> Duration {
+        match at.checked_duration_since(self.at) {
+            Some(after) => self.unix + after,
+            None => self.unix.saturating_sub(self.at.duration_since(at)),
+        }
+    }
+
+    /// Whole seconds since the Unix epoch at `at`.
+    pub fn unix_secs(&self, at: Instant) -> u64 {
+        self.unix(at).as_secs()
+    }
+
+    /// Milliseconds since the Unix epoch at `at` (at least 1, as records keep 0 for none).
+    pub fn unix_ms(&self, at: Instant) -> u64 {
+        (self.unix(at).as_millis() as u64).max(1)
+    }
+
+    /// The instant `ms` milliseconds after the Unix epoch (the reading's instant if that is
+    /// before the earliest instant there is).
+    pub fn instant(&self, ms: u64) -> Instant {
+        let unix = Duration::from_millis(ms);
+        match unix.checked_sub(self.unix) {
+            Some(after) => self.at + after,
+            None => self.at.checked_sub(self.unix - unix).unwrap_or(self.at),
+        }
+    }
 }
 
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+/// Unix milliseconds of `at` (0 for none).
+fn unix_ms(at: Option<Instant>, clock: &UnixClock) -> u64 {
+    at.map_or(0, |at| clock.unix_ms(at))
+}
+
+/// The instant of unix milliseconds `ms` (0 for none).
+fn instant_of(ms: u64, clock: &UnixClock) -> Option<Instant> {
+    (ms != 0).then(|| clock.instant(ms))
 }
 
 fn message_packet(msg: &Message) -> Packet {
@@ -157,7 +201,7 @@ fn message_packet(msg: &Message) -> Packet {
     })
 }
 
-fn message_from(blob: &[u8], expires_ms: u64) -> Result<Arc<Message>, String> {
+fn message_from(blob: &[u8], expires_ms: u64, clock: &UnixClock) -> Result<Arc<Message>, String> {
     let Packet::Publish(p) = get_packet(blob)? else { return Err("record holds no PUBLISH".into()) };
     Ok(Arc::new(Message {
         topic: p.topic,
@@ -165,7 +209,7 @@ fn message_from(blob: &[u8], expires_ms: u64) -> Result<Arc<Message>, String> {
         qos: p.qos,
         retain: p.retain,
         properties: p.properties,
-        expires_at: instant_of(expires_ms),
+        expires_at: instant_of(expires_ms, clock),
         origin: 0,
         origin_client: ByteString::new(),
         remote_id: None,
@@ -231,8 +275,9 @@ pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
 const SHARED: u8 = 0x80;
 
 /// Body of an APPEND record. The first Subscription Identifier (0: none) precedes the message,
-/// any further ones (a merged delivery's) follow it, where older records end.
-pub(super) fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
+/// any further ones (a merged delivery's) follow it, where older records end. The message's
+/// expiry is kept in Unix time, by `clock`.
+pub(super) fn append(session: u64, seq: u64, d: &Delivery, clock: &UnixClock) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + d.msg.topic.len() + d.msg.payload.len());
     out.extend_from_slice(&session.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
@@ -244,7 +289,7 @@ pub(super) fn append(session: u64, seq: u64, d: &Delivery) -> Vec<u8> {
     }
     let ids = d.sub_ids.as_slice();
     out.extend_from_slice(&ids.first().copied().unwrap_or(0).to_le_bytes());
-    out.extend_from_slice(&unix_ms(d.msg.expires_at).to_le_bytes());
+    out.extend_from_slice(&unix_ms(d.msg.expires_at, clock).to_le_bytes());
     put_blob(&mut out, &message_packet(&d.msg));
     for id in ids.iter().skip(1) {
         out.extend_from_slice(&id.to_le_bytes());
@@ -258,8 +303,8 @@ pub(super) fn session_seq(body: &[u8]) -> Result<(u64, u64), String> {
     Ok((r.u64()?, r.u64()?))
 }
 
-/// Reads an APPEND record body.
-pub(super) fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
+/// Reads an APPEND record body (its expiry converted by `clock`).
+pub(super) fn read_append(body: &[u8], clock: &UnixClock) -> Result<(u64, Delivery), String> {
     let mut r = Reader(body);
     let (_session, seq) = (r.u64()?, r.u64()?);
     let flags = r.u8()?;
@@ -271,7 +316,7 @@ pub(super) fn read_append(body: &[u8]) -> Result<(u64, Delivery), String> {
     };
     let first = r.u32()?;
     let expires = r.u64()?;
-    let msg = message_from(r.blob()?, expires)?;
+    let msg = message_from(r.blob()?, expires, clock)?;
     let sub_ids = std::iter::once(first).chain(std::iter::from_fn(|| r.u32().ok())).collect();
     Ok((seq, Delivery { msg, qos, retain, sub_ids, seq, stream: Default::default(), group }))
 }
@@ -319,18 +364,18 @@ pub(super) fn read_qos2(body: &[u8]) -> Result<(u64, u16, bool), String> {
     Ok((r.u64()?, r.u16()?, r.u8()? != 0))
 }
 
-/// Body of a RETAIN record.
-pub(super) fn retain(msg: &Message) -> Vec<u8> {
-    let mut out = unix_ms(msg.expires_at).to_le_bytes().to_vec();
+/// Body of a RETAIN record (its expiry in Unix time, by `clock`).
+pub(super) fn retain(msg: &Message, clock: &UnixClock) -> Vec<u8> {
+    let mut out = unix_ms(msg.expires_at, clock).to_le_bytes().to_vec();
     put_blob(&mut out, &message_packet(msg));
     out
 }
 
-/// Reads a RETAIN record body.
-pub(super) fn read_retain(body: &[u8]) -> Result<Arc<Message>, String> {
+/// Reads a RETAIN record body (its expiry converted by `clock`).
+pub(super) fn read_retain(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, String> {
     let mut r = Reader(body);
     let expires = r.u64()?;
-    message_from(r.blob()?, expires)
+    message_from(r.blob()?, expires, clock)
 }
 
 #[cfg(test)]
@@ -347,15 +392,40 @@ mod tests {
             group: Some("g1".into()),
             ..Delivery::of(msg, QoS::AtLeastOnce)
         };
-        let (seq, back) = read_append(&append(1, 9, &d)).unwrap();
+        let clock = UnixClock::read();
+        let (seq, back) = read_append(&append(1, 9, &d, &clock), &clock).unwrap();
         assert_eq!(
             (seq, back.qos, back.retain, back.group.as_deref()),
             (9, QoS::AtLeastOnce, true, Some("g1"))
         );
         assert_eq!(back.sub_ids.as_slice(), &[3, 5]);
         d.group = None;
-        let (_, back) = read_append(&append(1, 9, &d)).unwrap();
+        let (_, back) = read_append(&append(1, 9, &d, &clock), &clock).unwrap();
         assert_eq!((back.qos, back.group), (QoS::AtLeastOnce, None));
         assert_eq!(back.sub_ids.as_slice(), &[3, 5]);
+    }
+
+    #[test]
+    fn the_clock_converts_without_reading_the_time() {
+        let at = Instant::now();
+        let clock = UnixClock::new(at, Duration::from_millis(1_795_731_530_250));
+        assert_eq!(clock.unix_ms(at), 1_795_731_530_250);
+        assert_eq!(clock.unix_secs(at + Duration::from_millis(750)), 1_795_731_531);
+        assert_eq!(clock.unix_ms(at + Duration::from_secs(60)), 1_795_731_590_250);
+        assert_eq!(clock.instant(1_795_731_590_250), at + Duration::from_secs(60));
+        if let Some(before) = at.checked_sub(Duration::from_millis(250)) {
+            assert_eq!(clock.unix_ms(before), 1_795_731_530_000);
+            assert_eq!(clock.instant(1_795_731_530_000), before);
+        }
+        // A message's expiry goes through the record in Unix time and back.
+        let msg = Message {
+            expires_at: Some(at + Duration::from_secs(30)),
+            ..(*Message::internal(ByteString::from_static("a/b"), Bytes::from_static(b"x"), true)).clone()
+        };
+        let body = retain(&msg, &clock);
+        assert_eq!(body[..8], 1_795_731_560_250u64.to_le_bytes());
+        assert_eq!(read_retain(&body, &clock).unwrap().expires_at, msg.expires_at);
+        let later = UnixClock::new(at, Duration::from_millis(1_795_731_540_250));
+        assert_eq!(read_retain(&body, &later).unwrap().expires_at, Some(at + Duration::from_secs(20)));
     }
 }

@@ -189,7 +189,7 @@ async fn forward(
                 let mut pack = Pack::default();
                 link.sent.fetch_add(items.len() as u64, Ordering::Relaxed);
                 for item in items {
-                    pack.push_forward(&shared.incarnation, &item.fwd);
+                    pack.push_forward(&shared.incarnation, &item.fwd, shared.store.clock());
                     sent += 1;
                     if item.ack.is_some() {
                         waiting.push_back((sent, item));

@@ -58,8 +58,17 @@ pub(crate) fn bind(config: &Config) -> io::Result<Listener> {
     server.transport_config(Arc::new(pacer::transport_config(idle)));
     let pacing = cfg.pacing.parse().map_err(|e: String| invalid(&format_args!("quic.pacing: {e}")))?;
     let addr = config.listeners.quic;
-    let cannot =
-        |e: io::Error| io::Error::new(e.kind(), format!("listeners.quic: cannot listen on {addr}: {e}"));
+    let cannot = |e: io::Error| {
+        // Most often a second broker on the same machine, on the default port.
+        let hint = match e.kind() {
+            io::ErrorKind::AddrInUse => {
+                "; another broker on this machine? Set listeners.quic to another address \
+                 (--set listeners.quic=0.0.0.0:0 takes a free port) or --set quic.enabled=false"
+            }
+            _ => "",
+        };
+        io::Error::new(e.kind(), format!("listeners.quic: cannot listen on {addr}: {e}{hint}"))
+    };
     let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
     let socket = runtime.wrap_udp_socket(std::net::UdpSocket::bind(addr).map_err(cannot)?).map_err(cannot)?;
     let (pacer, socket) = Pacer::new(pacing, socket, server.clone(), idle);
