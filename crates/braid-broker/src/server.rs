@@ -15,7 +15,7 @@ use braid_proto::ReasonCode;
 use crate::auth::Security;
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::store::Store;
+use crate::store::{Store, UnixClock};
 use crate::sys;
 use crate::transport::admission::Admission;
 use crate::transport::listener::{self, Listeners};
@@ -76,10 +76,10 @@ impl Server {
     }
 
     /// As [`Server::bind`], on `store` instead of the one `store.backend` names (a cluster
-    /// node's).
-    pub async fn bind_on(config: Config, store: Arc<dyn Store>) -> io::Result<Server> {
+    /// node's), which converts times by `clock`.
+    pub async fn bind_on(config: Config, store: Arc<dyn Store>, clock: UnixClock) -> io::Result<Server> {
         Security::check(&config).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        Server::listen(Broker::open_on(config, store)).await
+        Server::listen(Broker::open_on(config, store, clock)).await
     }
 
     async fn listen(broker: Arc<Broker>) -> io::Result<Server> {

@@ -189,6 +189,12 @@ impl Node {
         self.shared.store.clone()
     }
 
+    /// The node's one reading of the clocks, by which its store converts times: the broker
+    /// built on [`Node::store`] starts at it too.
+    pub fn clock(&self) -> UnixClock {
+        *self.shared.store.clock()
+    }
+
     /// Joins `broker` (built on [`Node::store`]) to the cluster: CONNECTs claim their client
     /// id cluster-wide, subscriptions are announced to the other nodes and theirs routed to,
     /// messages for this node's sessions are read from its inbox, retained messages follow

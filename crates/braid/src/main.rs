@@ -173,7 +173,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             },
         };
         let bound = match &node {
-            Some(node) => Server::bind_on(config, node.store()).await,
+            Some(node) => Server::bind_on(config, node.store(), node.clock()).await,
             None => Server::bind(config).await,
         };
         let server = match bound {

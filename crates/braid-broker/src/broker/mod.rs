@@ -219,14 +219,13 @@ impl Broker {
     pub fn open(config: Config) -> Result<Arc<Broker>, StoreError> {
         let clock = UnixClock::read();
         let store = store::open(&config.store, clock)?;
-        let broker = Broker::with_clock(config, store, clock);
-        broker.recover(broker.started);
-        Ok(broker)
+        Ok(Broker::open_on(config, store, clock))
     }
 
-    /// A broker on `store` with what it kept reloaded, as [`Broker::open`] does.
-    pub fn open_on(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
-        let broker = Broker::with_store(config, store);
+    /// A broker on `store`, which converts times by `clock` (the broker starts at its
+    /// reading), with what it kept reloaded, as [`Broker::open`] does.
+    pub fn open_on(config: Config, store: Arc<dyn Store>, clock: UnixClock) -> Arc<Broker> {
+        let broker = Broker::with_clock(config, store, clock);
         broker.recover(broker.started);
         broker
     }

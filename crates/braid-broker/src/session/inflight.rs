@@ -356,7 +356,6 @@ mod tests {
         let mut restored = Inflight::default();
         restored.push_unsent(delivery(), 9, Stage::Published);
         assert_eq!(restored.next_unsent(later).map(|e| (e.packet_id, e.sent_at)), Some((9, 0)));
-        restored.acknowledged(0, later + std::time::Duration::from_micros(80), true);
     }
 
     #[test]

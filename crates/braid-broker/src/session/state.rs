@@ -570,14 +570,14 @@ impl SessionState {
         let Some(link) = self.link.as_mut() else {
             return t;
         };
-        let (version, at) = (link.version, now);
+        let version = link.version;
         // Resends count against the window of the new connection, which may be smaller.
         while self.inflight.sent() < window {
             if out.is_full() {
                 t.more = true;
                 break;
             }
-            let Some(e) = self.inflight.next_unsent(at) else { break };
+            let Some(e) = self.inflight.next_unsent(now) else { break };
             let buf = out.buffer(e.delivery.stream);
             match e.stage {
                 Stage::Published => match publish_head(link, &e.delivery, e.packet_id, true, now) {
@@ -638,9 +638,9 @@ impl SessionState {
                 (_, Some(id), Some(persist)) => {
                     persist.stage(d.seq, store::Stage::Sent);
                     head.packet_id = id;
-                    self.inflight.push_with_id(d, id, Stage::Published, at);
+                    self.inflight.push_with_id(d, id, Stage::Published, now);
                 }
-                _ => head.packet_id = self.inflight.push(d, at),
+                _ => head.packet_id = self.inflight.push(d, now),
             }
             // Encoded from the entry it is now: the message's topic and payload are borrowed.
             if let Some(sent) = self.inflight.last() {
