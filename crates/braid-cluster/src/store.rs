@@ -30,6 +30,7 @@ use braid_broker::session::Item;
 use braid_broker::store::{
     codec, Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket, UnixClock,
 };
+use braid_client::Backoff;
 use braid_proto::ByteString;
 
 use crate::keys::Keys;
@@ -531,7 +532,7 @@ impl Writer {
 
 /// Runs `cmds` until Redis answers them all.
 async fn write_until_done(conn: &mut Conn, cmds: &[Cmd]) -> Vec<Value> {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut failing = false;
     loop {
         match conn.run_all(cmds).await {
@@ -546,8 +547,7 @@ async fn write_until_done(conn: &mut Conn, cmds: &[Cmd]) -> Vec<Value> {
                     warn!("cluster store: cannot write to Redis ({e}); retrying with backoff, acknowledgements wait");
                     failing = true;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(backoff.pause()).await;
             }
         }
     }

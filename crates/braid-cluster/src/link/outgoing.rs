@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use braid_client::Backoff;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
@@ -32,7 +33,7 @@ pub(crate) async fn run(
     link: Arc<Link>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), MAX_BACKOFF);
     let mut failing: Option<String> = None;
     loop {
         if shutdown.is_cancelled() {
@@ -40,7 +41,7 @@ pub(crate) async fn run(
         }
         match dial(&shared, &endpoint, &link).await {
             Ok(halves) => {
-                backoff = Duration::from_millis(50);
+                backoff.reset();
                 failing = None;
                 link.up.store(true, Ordering::Relaxed);
                 link.connects.fetch_add(1, Ordering::Relaxed);
@@ -62,14 +63,13 @@ pub(crate) async fn run(
                     warn!(peer = %link.node, "cluster: cannot link to the node ({e}); messages go through its Redis inbox meanwhile");
                     failing = Some(e);
                 }
-                // A node that is gone is tried less often (its routes go once it is taken over).
-                if !shared.live.lock().contains(&link.node) {
-                    backoff = MAX_BACKOFF;
-                }
             }
         }
+        // A node that is gone is tried less often (its routes go once it is taken over).
+        let live = shared.live.lock().contains(&link.node);
+        let pause = if live { backoff.pause() } else { MAX_BACKOFF };
         // Down: what comes meanwhile goes through Redis.
-        let wait = tokio::time::sleep(backoff);
+        let wait = tokio::time::sleep(pause);
         tokio::pin!(wait);
         loop {
             tokio::select! {
@@ -81,7 +81,6 @@ pub(crate) async fn run(
                 _ = shutdown.cancelled() => break,
             }
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
     // Shutting down: what is left goes through Redis (the store writes it out before the node
     // leaves).
