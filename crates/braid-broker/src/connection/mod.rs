@@ -509,9 +509,17 @@ impl<'a> Connection<'a> {
                 crate::connection::handover::answer(broker, &a.ctl);
             }
             let idle = !held && self.out.is_empty() && !inbound.awaits_sync();
-            if idle && !transmit && !handing_over && rbuf.bytes().is_empty() && a.ctl.take_park_request() {
+            if idle
+                && !transmit
+                && !handing_over
+                && rbuf.bytes().is_empty()
+                && a.ctl.take_park_request()
+                && !unread(rd)
+            {
                 // Nothing to read, write or send since the last wake: give up the task, and
-                // the room the deliveries since took in the session's queue.
+                // the room the deliveries since took in the session's queue. (The sweep may ask
+                // a connection the lot has just resumed for its client's bytes, which are not
+                // read yet: parking again would serve them after bytes that arrived later.)
                 a.session.lock().release_idle_memory();
                 let (aliases, acl) = inbound.into_kept();
                 return Stop::Park(aliases, acl.into_seed());
