@@ -279,6 +279,28 @@ fn a_queued_message_past_its_expiry_is_not_delivered_and_the_rest_carry_what_is_
     assert_eq!(got[0].properties.message_expiry_interval, Some(70), "the time left is forwarded");
 }
 
+#[test]
+fn a_retained_message_expires_for_later_subscribers_and_a_new_one_carries_what_is_left() {
+    let b = broker();
+    let mut h = Harness::new(&b);
+    let p = connected(&mut h, connect_packet("ret-pub", true));
+    let mut m = Publish { packet_id: 1, retain: true, ..publish("ret/brief", QoS::AtLeastOnce, "x") };
+    m.properties.message_expiry_interval = Some(10);
+    h.send(p, Packet::Publish(m));
+    h.advance(4 * SEC);
+    let retained = |h: &mut Harness<'_>, client_id: &str| {
+        let c = connected(h, connect_packet(client_id, true));
+        h.send(c, Packet::Subscribe(subscribe("ret/#", QoS::AtLeastOnce)));
+        publishes(h.received(c))
+    };
+    let got = retained(&mut h, "ret-early");
+    assert_eq!(got.len(), 1, "within its expiry the retained message is sent");
+    assert!(got[0].retain);
+    assert_eq!(got[0].properties.message_expiry_interval, Some(6), "the time left is forwarded");
+    h.advance(7 * SEC);
+    assert!(retained(&mut h, "ret-late").is_empty(), "past its expiry the retained message is gone");
+}
+
 // ---- keep alive ----
 
 fn with_keep_alive(client_id: &str, secs: u16, version: ProtocolVersion) -> Connect {
