@@ -202,7 +202,7 @@ async fn stats(State(admin): Shared) -> Json<Value> {
             )
             .collect();
     let (sessions, subscriptions, retained) = b.counts();
-    let totals = b.queue_totals();
+    let totals = b.operators().queue_totals();
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": b.started.elapsed().as_secs(),
@@ -335,7 +335,7 @@ async fn clients(State(admin): Shared, Params(f): Params<ClientFilter>) -> Respo
     if let Some(t) = f.transport.as_deref().filter(|t| !known.contains(t)) {
         return error(StatusCode::BAD_REQUEST, format!("transport {t:?} is not one of {}", known.join(", ")));
     }
-    let mut all = admin.broker.clients();
+    let mut all = admin.broker.operators().clients();
     all.retain(|c| {
         f.prefix.as_deref().lets_through(|p| c.client_id.starts_with(p))
             && f.user
@@ -379,7 +379,7 @@ fn no_client(id: &str) -> Response {
 }
 
 async fn client(State(admin): Shared, Path(id): Path<String>) -> Response {
-    match admin.broker.client(&id) {
+    match admin.broker.operators().client(&id) {
         Some(info) => Json(client_json(&info, true)).into_response(),
         None => no_client(&id),
     }
@@ -389,18 +389,18 @@ async fn kick(State(admin): Shared, Path(id): Path<String>) -> Response {
     if let Some(refused) = internal(&id) {
         return refused;
     }
-    if admin.broker.kick(&id) {
+    if admin.broker.operators().kick(&id) {
         tracing::info!(client_id = %id, "an operator closed the client's connection (API)");
         return StatusCode::NO_CONTENT.into_response();
     }
-    match admin.broker.client(&id) {
+    match admin.broker.operators().client(&id) {
         Some(_) => error(StatusCode::CONFLICT, format!("client {id:?} is not connected")),
         None => no_client(&id),
     }
 }
 
 async fn client_subscriptions(State(admin): Shared, Path(id): Path<String>) -> Response {
-    match admin.broker.client(&id) {
+    match admin.broker.operators().client(&id) {
         Some(info) => {
             let data: Vec<Value> =
                 info.subscriptions.iter().map(|(f, r)| subscription_json(None, f, r)).collect();
@@ -434,7 +434,7 @@ async fn subscribe(State(admin): Shared, Path(id): Path<String>, Body(s): Body<N
         retain_as_published: s.retain_as_published,
         ..Default::default()
     };
-    match admin.broker.subscribe_for(&id, &s.filter, options, Instant::now()) {
+    match admin.broker.operators().subscribe_for(&id, &s.filter, options, Instant::now()) {
         None => no_client(&id),
         Some(reason) if reason.is_error() => error(
             StatusCode::BAD_REQUEST,
@@ -462,7 +462,7 @@ async fn unsubscribe(
     if let Some(refused) = internal(&id) {
         return refused;
     }
-    match admin.broker.unsubscribe_for(&id, &q.filter, Instant::now()) {
+    match admin.broker.operators().unsubscribe_for(&id, &q.filter, Instant::now()) {
         None => no_client(&id),
         Some(true) => StatusCode::NO_CONTENT.into_response(),
         Some(false) => {
@@ -481,7 +481,7 @@ struct SubscriptionFilter {
 }
 
 async fn subscriptions(State(admin): Shared, Params(f): Params<SubscriptionFilter>) -> Response {
-    let mut clients = admin.broker.clients();
+    let mut clients = admin.broker.operators().clients();
     clients.sort_by(|a, b| a.client_id.cmp(&b.client_id));
     let mut out = Vec::new();
     for c in clients.iter().filter(|c| f.client_id.as_deref().lets_through(|id| &*c.client_id == id)) {
@@ -536,7 +536,7 @@ async fn retained_list(State(admin): Shared, Params(f): Params<RetainedFilter>) 
     if !valid_topic_filter(&f.filter) {
         return error(StatusCode::BAD_REQUEST, format!("{:?} is not a valid topic filter", f.filter));
     }
-    let mut all = admin.broker.retained_matching(&f.filter, Instant::now());
+    let mut all = admin.broker.operators().retained_matching(&f.filter, Instant::now());
     all.sort_by(|a, b| a.topic.cmp(&b.topic));
     Page::new(f.page, f.limit).of(all.iter().map(|m| retained_json(m)).collect())
 }
@@ -546,8 +546,12 @@ fn retained_at(admin: &Admin, topic: &str) -> Result<Arc<Message>, ApiError> {
     if !valid_topic_name(topic) {
         return Err(ApiError(StatusCode::BAD_REQUEST, format!("{topic:?} is not a valid topic name")));
     }
-    let found =
-        admin.broker.retained_matching(topic, Instant::now()).into_iter().find(|m| &*m.topic == topic);
+    let found = admin
+        .broker
+        .operators()
+        .retained_matching(topic, Instant::now())
+        .into_iter()
+        .find(|m| &*m.topic == topic);
     found.ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no retained message at {topic:?}")))
 }
 
@@ -700,7 +704,14 @@ async fn settle(
 }
 
 fn reported(admin: &Admin, collection: &str) -> Vec<Value> {
-    admin.broker.reports().iter().filter(|r| r.collection() == collection).flat_map(|r| r.entries()).collect()
+    admin
+        .broker
+        .operators()
+        .reports()
+        .iter()
+        .filter(|r| r.collection() == collection)
+        .flat_map(|r| r.entries())
+        .collect()
 }
 
 async fn nodes(State(admin): Shared) -> Json<Value> {

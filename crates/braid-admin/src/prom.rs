@@ -116,7 +116,7 @@ fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
     out.push(g("braid_sessions", "Sessions held (connected or not).", sessions as f64));
     out.push(g("braid_subscriptions", "Subscriptions (filters in the router).", subscriptions as f64));
     out.push(g("braid_retained_messages", "Retained messages.", retained as f64));
-    let totals = broker.queue_totals();
+    let totals = broker.operators().queue_totals();
     out.push(g(
         "braid_queued_messages",
         "Deliveries waiting to be sent, over every session.",
@@ -150,7 +150,7 @@ fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
 pub(crate) fn render(broker: &Broker, started: Instant) -> String {
     let store = broker.store.stats();
     let mut samples = broker_samples(broker, &store);
-    for report in broker.reports() {
+    for report in broker.operators().reports() {
         report.samples(&mut samples);
     }
     let mut text = String::with_capacity(8 * 1024);

@@ -1,4 +1,4 @@
-//! What operators ask of a running broker (the HTTP admin API): its sessions and one
+//! What operators ask of a running broker (the HTTP admin API), through [`Operators`]: its sessions and one
 //! client's detail, kicking a client, a session's subscriptions, the retained messages, and
 //! the parts of the node that report themselves.
 
@@ -65,9 +65,35 @@ pub struct QueueTotals {
 }
 
 impl Broker {
+    /// What operators ask of this broker (the admin API, `/metrics`).
+    pub fn operators(&self) -> Operators<'_> {
+        Operators { broker: self }
+    }
+
+    /// Registers a part of the node that reports to operators.
+    pub fn add_report(&self, report: Arc<dyn Report>) {
+        self.reports.write().push(report);
+    }
+
+    /// Takes `report` (registered with [`Broker::add_report`]) off the reports.
+    pub fn remove_report(&self, report: &Arc<dyn Report>) {
+        self.reports.write().retain(|r| !Arc::ptr_eq(r, report));
+    }
+}
+
+/// What operators ask of a broker: its sessions, one client's detail, the retained messages and
+/// the reports, and the few actions an operator takes on a client. Each call holds the
+/// registry's, the router's or one session's lock only for its own reading, and none while it
+/// calls back into the broker; none is on the publish path.
+#[derive(Debug, Clone, Copy)]
+pub struct Operators<'a> {
+    broker: &'a Broker,
+}
+
+impl Operators<'_> {
     /// Totals over every session this broker holds.
     pub fn queue_totals(&self) -> QueueTotals {
-        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
+        let sessions: Vec<Arc<Session>> = self.broker.sessions.lock().iter().map(|s| s.0.clone()).collect();
         let mut t = QueueTotals::default();
         for s in sessions {
             let st = s.lock();
@@ -81,19 +107,19 @@ impl Broker {
     /// Every session this broker holds, connected or not, in-process clients' included, in
     /// no particular order.
     pub fn clients(&self) -> Vec<ClientInfo> {
-        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
+        let sessions: Vec<Arc<Session>> = self.broker.sessions.lock().iter().map(|s| s.0.clone()).collect();
         sessions.iter().map(|s| ClientInfo::of(s)).collect()
     }
 
     /// `client_id`'s session, if this broker holds one.
     pub fn client(&self, client_id: &str) -> Option<ClientInfo> {
-        self.session_of(client_id).map(|s| ClientInfo::of(&s))
+        self.broker.session_of(client_id).map(|s| ClientInfo::of(&s))
     }
 
     /// Closes `client_id`'s connection, if one is attached (v5 clients get DISCONNECT 0x98
     /// Administrative action); its session stays as its expiry says. False if none is.
     pub fn kick(&self, client_id: &str) -> bool {
-        let Some(ctl) = self.attached(client_id) else { return false };
+        let Some(ctl) = self.broker.attached(client_id) else { return false };
         ctl.close_because(ReasonCode::AdministrativeAction, "an operator closed the connection");
         true
     }
@@ -108,7 +134,7 @@ impl Broker {
         mut options: SubscriptionOptions,
         now: Instant,
     ) -> Option<ReasonCode> {
-        let session = self.session_of(client_id)?;
+        let session = self.broker.session_of(client_id)?;
         let version = version_of(&session);
         options.retain_handling = braid_proto::RetainHandling::DoNotSend;
         let sub = Subscribe {
@@ -116,44 +142,34 @@ impl Broker {
             properties: Default::default(),
             filters: vec![(ByteString::from(filter), options)],
         };
-        let seed = self.security.seed(Identity::unrestricted("admin"), client_id);
-        let mut acl = self.security.resume_acl(seed, client_id);
-        let suback = self.subscribe(&session, version, sub, &mut acl, StreamTag::default(), now);
+        let seed = self.broker.security.seed(Identity::unrestricted("admin"), client_id);
+        let mut acl = self.broker.security.resume_acl(seed, client_id);
+        let suback = self.broker.subscribe(&session, version, sub, &mut acl, StreamTag::default(), now);
         suback.reasons.first().copied()
     }
 
     /// Unsubscribes `client_id`'s session from `filter` for an operator: Some(true) if it
     /// was subscribed, Some(false) if not, None if this broker holds no session of it.
     pub fn unsubscribe_for(&self, client_id: &str, filter: &str, now: Instant) -> Option<bool> {
-        let session = self.session_of(client_id)?;
+        let session = self.broker.session_of(client_id)?;
         let had = session.lock().subscriptions.contains_key(filter);
         let unsub = Unsubscribe {
             packet_id: 1,
             properties: Default::default(),
             filters: vec![ByteString::from(filter)],
         };
-        self.unsubscribe(&session, ProtocolVersion::V5, unsub, now);
+        self.broker.unsubscribe(&session, ProtocolVersion::V5, unsub, now);
         Some(had)
     }
 
     /// The retained messages whose topics match `filter` at `now`.
     pub fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
-        self.retained.read().matching(filter, now)
-    }
-
-    /// Registers a part of the node that reports to operators.
-    pub fn add_report(&self, report: Arc<dyn Report>) {
-        self.reports.write().push(report);
-    }
-
-    /// Takes `report` (registered with [`Broker::add_report`]) off the reports.
-    pub fn remove_report(&self, report: &Arc<dyn Report>) {
-        self.reports.write().retain(|r| !Arc::ptr_eq(r, report));
+        self.broker.retained.read().matching(filter, now)
     }
 
     /// Every registered report.
     pub fn reports(&self) -> Vec<Arc<dyn Report>> {
-        self.reports.read().clone()
+        self.broker.reports.read().clone()
     }
 }
 
