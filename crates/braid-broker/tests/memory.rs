@@ -60,12 +60,15 @@ fn what_clients_cost() {
 fn remote_routes() {
     const FILTERS: usize = 2000;
     let broker = Broker::new(Config::embedded());
-    let sinks: Vec<_> = (0..5).map(|_| broker.remote_sink(std::sync::Arc::new(Nowhere))).collect();
+    let sinks: Vec<_> = (0..5).map(|_| broker.remotes().remote_sink(std::sync::Arc::new(Nowhere))).collect();
     let per_route = per_client(FILTERS * sinks.len(), || {
         for (n, sink) in sinks.iter().enumerate() {
             for i in 0..FILTERS {
                 let filter = format!("c1m/{}", n * FILTERS + i);
-                assert_eq!(broker.subscribe_remote(sink, &filter, SubscriptionOptions::default()), Ok(true));
+                assert_eq!(
+                    broker.remotes().subscribe_remote(sink, &filter, SubscriptionOptions::default()),
+                    Ok(true)
+                );
             }
         }
     });

@@ -1,5 +1,5 @@
 //! The route-target seam: a subscriber that is not a session of this broker (a cluster node,
-//! a bridge) is subscribed with `Broker::subscribe_remote` and handed each matching message
+//! a bridge) is subscribed with `Remotes::subscribe_remote` and handed each matching message
 //! once through `RemoteSink`; a message another node forwards is routed here within the scope
 //! it was sent for; the filters local sessions subscribe to are reported as they change. Here
 //! a recording test double stands behind the sink, driven on the virtual clock.
@@ -58,10 +58,14 @@ fn a_remote_subscriber_gets_what_matches_beside_local_ones_until_it_unsubscribes
     let b = Broker::new(Config::embedded());
     let mut h = Harness::new(&b);
     let recorder = std::sync::Arc::new(Recorder::default());
-    let remote = b.remote_sink(recorder.clone());
-    assert_eq!(b.subscribe_remote(&remote, "sensors/+", options(QoS::AtMostOnce)), Ok(true));
-    assert_eq!(b.subscribe_remote(&remote, "sensors/+", options(QoS::AtLeastOnce)), Ok(false), "replaced");
-    assert_eq!(b.subscribe_remote(&remote, "sensors/#", options(QoS::AtLeastOnce)), Ok(true));
+    let remote = b.remotes().remote_sink(recorder.clone());
+    assert_eq!(b.remotes().subscribe_remote(&remote, "sensors/+", options(QoS::AtMostOnce)), Ok(true));
+    assert_eq!(
+        b.remotes().subscribe_remote(&remote, "sensors/+", options(QoS::AtLeastOnce)),
+        Ok(false),
+        "replaced"
+    );
+    assert_eq!(b.remotes().subscribe_remote(&remote, "sensors/#", options(QoS::AtLeastOnce)), Ok(true));
     let local = h.connect(connect_packet("local", true)).0;
     h.send(local, Packet::Subscribe(subscribe("sensors/#", QoS::AtLeastOnce)));
     h.received(local);
@@ -78,13 +82,13 @@ fn a_remote_subscriber_gets_what_matches_beside_local_ones_until_it_unsubscribes
     let local_got = h.received(local).iter().filter(|p| matches!(p, Packet::Publish(_))).count();
     assert_eq!(local_got, 1, "the local subscriber gets its copy too");
 
-    assert!(b.unsubscribe_remote(&remote, "sensors/+"));
-    assert!(!b.unsubscribe_remote(&remote, "sensors/+"));
-    assert!(b.unsubscribe_remote(&remote, "sensors/#"));
+    assert!(b.remotes().unsubscribe_remote(&remote, "sensors/+"));
+    assert!(!b.remotes().unsubscribe_remote(&remote, "sensors/+"));
+    assert!(b.remotes().unsubscribe_remote(&remote, "sensors/#"));
     publish_from(&mut h, p, "sensors/2", QoS::AtLeastOnce, 3);
     assert!(recorder.take().is_empty());
     assert_eq!(
-        b.subscribe_remote(&remote, "a/#/b", options(QoS::AtMostOnce)),
+        b.remotes().subscribe_remote(&remote, "a/#/b", options(QoS::AtMostOnce)),
         Err(ReasonCode::TopicFilterInvalid)
     );
 }
@@ -94,8 +98,8 @@ fn a_remote_member_of_a_shared_group_takes_turns_and_is_passed_over_while_full()
     let b = Broker::new(Config::embedded());
     let mut h = Harness::new(&b);
     let recorder = std::sync::Arc::new(Recorder::default());
-    let remote = b.remote_sink(recorder.clone());
-    b.subscribe_remote(&remote, "$share/g/jobs", options(QoS::AtLeastOnce)).unwrap();
+    let remote = b.remotes().remote_sink(recorder.clone());
+    b.remotes().subscribe_remote(&remote, "$share/g/jobs", options(QoS::AtLeastOnce)).unwrap();
     let local = h.connect(connect_packet("worker", true)).0;
     h.send(local, Packet::Subscribe(subscribe("$share/g/jobs", QoS::AtLeastOnce)));
     h.received(local);
@@ -130,7 +134,7 @@ fn a_remote_member_of_a_shared_group_takes_turns_and_is_passed_over_while_full()
     assert_eq!(b.metrics.messages_dropped(), dropped, "nothing dropped on the way");
 
     // A normal subscription of a full sink: what it refuses is counted as dropped.
-    b.subscribe_remote(&remote, "jobs", options(QoS::AtLeastOnce)).unwrap();
+    b.remotes().subscribe_remote(&remote, "jobs", options(QoS::AtLeastOnce)).unwrap();
     publish_from(&mut h, p, "jobs", QoS::AtLeastOnce, 9);
     assert_eq!(b.metrics.messages_dropped(), dropped + 1);
 }
@@ -141,8 +145,8 @@ fn a_forwarded_message_reaches_local_sessions_within_its_scope_only() {
     let mut h = Harness::new(&b);
     // A remote member of the group: a forwarded message must never go back out to it.
     let recorder = std::sync::Arc::new(Recorder::default());
-    let remote = b.remote_sink(recorder.clone());
-    b.subscribe_remote(&remote, "$share/g/jobs", options(QoS::AtLeastOnce)).unwrap();
+    let remote = b.remotes().remote_sink(recorder.clone());
+    b.remotes().subscribe_remote(&remote, "$share/g/jobs", options(QoS::AtLeastOnce)).unwrap();
     let plain = h.connect(connect_packet("plain", true)).0;
     h.send(plain, Packet::Subscribe(subscribe("jobs", QoS::AtLeastOnce)));
     let workers: Vec<ClientKey> =
@@ -160,14 +164,14 @@ fn a_forwarded_message_reaches_local_sessions_within_its_scope_only() {
 
     let group_only = Scope { plain: false, groups: vec!["g".into()] };
     for _ in 0..4 {
-        b.publish_forwarded(msg(), &group_only, Arrival::Sent, h.now());
+        b.remotes().publish_forwarded(msg(), &group_only, Arrival::Sent, h.now());
     }
     assert_eq!(count(&mut h, plain), 0, "not for the normal subscription");
     let to_workers: Vec<usize> = workers.iter().map(|&w| count(&mut h, w)).collect();
     assert_eq!(to_workers, [2, 2], "one local member each time, taking turns");
     assert!(recorder.take().is_empty(), "never back to another node");
 
-    b.publish_forwarded(msg(), &Scope { plain: true, groups: vec![] }, Arrival::Sent, h.now());
+    b.remotes().publish_forwarded(msg(), &Scope { plain: true, groups: vec![] }, Arrival::Sent, h.now());
     assert_eq!(count(&mut h, plain), 1);
     assert_eq!(workers.iter().map(|&w| count(&mut h, w)).sum::<usize>(), 0, "not for the group");
 }
@@ -179,7 +183,7 @@ fn the_filters_local_sessions_subscribe_to_are_reported_as_they_come_and_go() {
     let a = h.connect(connect_packet("a", true)).0;
     h.send(a, Packet::Subscribe(subscribe("x/#", QoS::AtMostOnce)));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    b.watch_filters(tx);
+    b.remotes().watch_filters(tx);
     let mut numbers = Vec::new();
     let mut changes = || {
         let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
@@ -192,8 +196,8 @@ fn the_filters_local_sessions_subscribe_to_are_reported_as_they_come_and_go() {
     h.send(c, Packet::Subscribe(subscribe("x/#", QoS::AtLeastOnce)));
     h.send(c, Packet::Subscribe(subscribe("$share/g/y", QoS::AtMostOnce)));
     assert_eq!(changes(), [FilterChange::Added("$share/g/y".into())], "a second subscriber adds nothing");
-    let remote = b.remote_sink(std::sync::Arc::new(Recorder::default()));
-    b.subscribe_remote(&remote, "z", options(QoS::AtMostOnce)).unwrap();
+    let remote = b.remotes().remote_sink(std::sync::Arc::new(Recorder::default()));
+    b.remotes().subscribe_remote(&remote, "z", options(QoS::AtMostOnce)).unwrap();
     assert_eq!(changes(), [], "remote subscribers are not local filters");
 
     h.drop_connection(a);
@@ -203,7 +207,7 @@ fn the_filters_local_sessions_subscribe_to_are_reported_as_they_come_and_go() {
     gone.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(gone, [FilterChange::Removed("$share/g/y".into()), FilterChange::Removed("x/#".into())]);
     assert_eq!(numbers, [1, 2, 3, 4], "numbered in order");
-    assert_eq!(b.filter_changes(), 4);
+    assert_eq!(b.remotes().filter_changes(), 4);
 }
 
 /// Confirms each message only when told, with the reason it is told.
@@ -233,8 +237,8 @@ impl Confirming {
 async fn a_publishers_acknowledgement_waits_for_a_remote_subscribers_confirmation_in_order() {
     let b = start_default().await;
     let sink = std::sync::Arc::new(Confirming::default());
-    let remote = b.broker.remote_sink(sink.clone());
-    assert_eq!(b.broker.subscribe_remote(&remote, "c/#", options(QoS::AtLeastOnce)), Ok(true));
+    let remote = b.broker.remotes().remote_sink(sink.clone());
+    assert_eq!(b.broker.remotes().subscribe_remote(&remote, "c/#", options(QoS::AtLeastOnce)), Ok(true));
     let (mut p, _) = TestClient::connect_ok(b.addr, V5, connect_packet("confirm-pub", true)).await;
     let mut first = publish("c/1", QoS::AtLeastOnce, "one");
     first.packet_id = 1;

@@ -88,7 +88,7 @@ impl braid_broker::directory::Directory for Directory {
     fn after_subscribe(&self) -> Option<Waiting> {
         let broker = self.broker.upgrade()?;
         let confirmed = self.shared.confirmed.load(std::sync::atomic::Ordering::Relaxed);
-        if broker.filter_changes() <= confirmed {
+        if broker.remotes().filter_changes() <= confirmed {
             return None;
         }
         Some(Box::pin(routes::propagated(self.shared.clone(), broker)))

@@ -318,7 +318,7 @@ pub(crate) fn route_now(
             (Source::Own, Some(number)) => Arrival::Returned(number),
             (Source::Own, None) => Arrival::Sent,
         };
-        let mut published = broker.publish_forwarded(msg, &scope, arrival, now);
+        let mut published = broker.remotes().publish_forwarded(msg, &scope, arrival, now);
         wakes.append(&mut published.wakes);
         shared.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ticket = ticket.max(published.ticket);

@@ -92,7 +92,7 @@ pub(crate) fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
     logged.arg(&log).arg("*").arg("n").arg(me).arg("o").arg("reset").arg("f").arg("");
     shared.store.submit_cmds(vec![reset, logged]);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    broker.watch_filters(tx);
+    broker.remotes().watch_filters(tx);
     let shared = shared.clone();
     tokio::spawn(async move {
         while let Some((number, change)) = rx.recv().await {
@@ -113,7 +113,7 @@ pub(crate) fn announce(shared: &Arc<Shared>, broker: &Arc<Broker>) {
 
 /// Waits until every filter change the broker made so far is in the route log in Redis.
 pub(crate) async fn flushed(shared: &Shared, broker: &Broker) {
-    let target = broker.filter_changes();
+    let target = broker.remotes().filter_changes();
     let mut announced = shared.announced.subscribe();
     let Ok(at) = announced.wait_for(|(count, _)| *count >= target).await.map(|a| a.1) else { return };
     shared.store.wait_durable(at).await;
@@ -122,7 +122,7 @@ pub(crate) async fn flushed(shared: &Shared, broker: &Broker) {
 /// Waits until every live node has applied the filter changes the broker made so far (at
 /// most two seconds: a node that lags that much is not waited for).
 pub(crate) async fn propagated(shared: Arc<Shared>, broker: Arc<Broker>) {
-    let target = broker.filter_changes();
+    let target = broker.remotes().filter_changes();
     let mut conn = shared.conn.clone();
     let wait = async {
         flushed(&shared, &broker).await;
@@ -160,13 +160,13 @@ mod table {
     use super::*;
 
     pub(super) fn add(shared: &Arc<Shared>, broker: &Broker, node: &str, filter: &str) {
-        if broker.subscribe_remote(&sink(shared, broker, node), filter, everything()).is_err() {
+        if broker.remotes().subscribe_remote(&sink(shared, broker, node), filter, everything()).is_err() {
             debug!(node, filter, "cluster: an invalid filter in the routes is ignored");
         }
     }
 
     pub(super) fn remove(shared: &Arc<Shared>, broker: &Broker, node: &str, filter: &str) {
-        broker.unsubscribe_remote(&sink(shared, broker, node), filter);
+        broker.remotes().unsubscribe_remote(&sink(shared, broker, node), filter);
     }
 
     /// Drops every route of `node`.
@@ -177,9 +177,9 @@ mod table {
     /// Drops the routes of `node` that are not in `wanted`.
     fn keep_only(shared: &Arc<Shared>, broker: &Broker, node: &str, wanted: &HashSet<String>) {
         let sink = sink(shared, broker, node);
-        for filter in broker.remote_filters(&sink) {
+        for filter in broker.remotes().remote_filters(&sink) {
             if !wanted.contains(&*filter) {
-                broker.unsubscribe_remote(&sink, &filter);
+                broker.remotes().unsubscribe_remote(&sink, &filter);
             }
         }
     }
@@ -214,7 +214,12 @@ fn sink(shared: &Arc<Shared>, broker: &Broker, node: &str) -> Arc<RemoteRef> {
 fn node_sink(shared: &Arc<Shared>, broker: &Broker, node: &str, relay: bool) -> Arc<RemoteRef> {
     let make = || {
         let link = shared.links.as_ref().filter(|_| !relay).map(|l| l.to(shared, broker, node));
-        broker.remote_sink(Arc::new(NodeSink { shared: shared.clone(), node: node.to_string(), relay, link }))
+        broker.remotes().remote_sink(Arc::new(NodeSink {
+            shared: shared.clone(),
+            node: node.to_string(),
+            relay,
+            link,
+        }))
     };
     shared.sinks.lock().entry((node.to_string(), relay)).or_insert_with(make).clone()
 }
@@ -251,7 +256,7 @@ pub(crate) fn relaying(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str, f
             });
             if left == Some(0) {
                 relays.remove(&key);
-                broker.unsubscribe_remote(&sink, &key.1);
+                broker.remotes().unsubscribe_remote(&sink, &key.1);
             }
         }
     });

@@ -70,9 +70,9 @@ pub(super) fn start(
     let (jobs, queue) = mpsc::unbounded_channel();
     tokio::spawn(produce(queue, producer, config.clone(), stats.clone()));
     let sink = Arc::new(KafkaSink { config, routes, jobs, stats });
-    let remote = broker.remote_sink(sink.clone());
+    let remote = broker.remotes().remote_sink(sink.clone());
     for (filter, options) in &filters {
-        if let Err(reason) = broker.subscribe_remote(&remote, filter, *options) {
+        if let Err(reason) = broker.remotes().subscribe_remote(&remote, filter, *options) {
             error!(bridge = %sink.config.name, %filter, "kafka bridge out: cannot subscribe: {reason:?}");
         }
     }
@@ -80,7 +80,7 @@ pub(super) fn start(
     tokio::spawn(async move {
         stop.cancelled().await;
         for (filter, _) in &filters {
-            broker.unsubscribe_remote(&remote, filter);
+            broker.remotes().unsubscribe_remote(&remote, filter);
         }
     });
     info!(bridge = %sink.config.name, "kafka bridge out: publishers are acknowledged once Kafka has their messages (ack = \"kafka\")");

@@ -19,6 +19,7 @@ pub mod live;
 mod pubsub;
 mod recovery;
 mod registry;
+mod remote;
 mod timers;
 
 use std::borrow::Borrow;
@@ -50,6 +51,7 @@ use crate::store::{self, Store, StoreError, Ticket, UnixClock};
 use crate::trace::Tracer;
 use live::Live;
 
+pub use remote::Remotes;
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
@@ -149,7 +151,7 @@ pub struct Published {
 }
 
 /// How a message from another node came here, which decides who among the subscribers its
-/// scope matches gets it (see [`Broker::publish_forwarded`]).
+/// scope matches gets it (see [`crate::broker::Remotes::publish_forwarded`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Arrival<'a> {
     /// Sent here: this broker's sessions and relays.

@@ -6,16 +6,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::{
-    ByteString, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe,
-    SubscriptionOptions, UnsubAck, Unsubscribe,
+    ByteString, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck,
+    Unsubscribe,
 };
 
-use super::{split_filter, Arrival, Broker, Holder, Published};
+use super::{split_filter, Broker, Holder, Published};
 use crate::auth::ConnectionAcl;
 use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
-use crate::router::{FilterChange, Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber, Target};
+use crate::router::{Forward, RemoteRef, Scope, SubEntry, Subscriber, Target};
 use crate::session::{Enqueued, OtherMembers, Session, Wakes};
 use crate::store::{Op, SubscriptionRecord, Ticket};
 
@@ -155,34 +155,6 @@ impl Broker {
         out
     }
 
-    /// Routes `msg`, sent here at `now` by another node, within `scope` (see
-    /// [`crate::router::Router::route_forwarded`]) to the subscribers `arrival` leaves; says
-    /// what its acknowledgement to that node must wait for.
-    pub fn publish_forwarded(
-        &self,
-        msg: Arc<Message>,
-        scope: &Scope,
-        arrival: Arrival<'_>,
-        now: Instant,
-    ) -> Published {
-        let mut out = Published::default();
-        let router = self.router.read();
-        let mut targets = Vec::new();
-        router.route_forwarded(&msg, scope, matches!(arrival, Arrival::Drained(_)), &mut targets);
-        match arrival {
-            Arrival::Sent => {}
-            // Session ids and forward numbers come from one counter: a later session has a higher id.
-            Arrival::Returned(number) => {
-                targets.retain(|t| t.to.session().is_some_and(|s| t.group.is_some() || s.id > number))
-            }
-            Arrival::Drained(adopted) => targets
-                .retain(|t| t.group.is_some() || t.to.session().is_some_and(|s| adopted.contains(&s.id))),
-        }
-        self.forward_to_remotes(&msg, &targets, &mut out, now);
-        self.deliver_to_sessions(&msg, &targets, &mut out, now);
-        out
-    }
-
     /// The shared subscriptions of `session` whose groups have other members.
     pub(super) fn other_members(&self, session: &Session) -> OtherMembers {
         let filters: Vec<ByteString> =
@@ -236,7 +208,13 @@ impl Broker {
 
     /// Hands `msg` to the remote subscribers among `targets`, once each, with the scope of
     /// their matching subscriptions.
-    fn forward_to_remotes(&self, msg: &Arc<Message>, targets: &[Target], out: &mut Published, now: Instant) {
+    pub(super) fn forward_to_remotes(
+        &self,
+        msg: &Arc<Message>,
+        targets: &[Target],
+        out: &mut Published,
+        now: Instant,
+    ) {
         let mut remotes: Vec<(&RemoteRef, Scope)> = Vec::new();
         for e in targets {
             let Subscriber::Remote(remote) = e.to else { continue };
@@ -264,13 +242,13 @@ impl Broker {
         }
     }
 
-    /// Sets or clears (empty payload) a retained message another node stored: in the index
-    /// only, nothing routed or written.
-    pub fn apply_retained(&self, msg: Arc<Message>) {
-        self.retained.write().set(msg);
-    }
-
-    fn deliver_to_sessions(&self, msg: &Arc<Message>, targets: &[Target], out: &mut Published, now: Instant) {
+    pub(super) fn deliver_to_sessions(
+        &self,
+        msg: &Arc<Message>,
+        targets: &[Target],
+        out: &mut Published,
+        now: Instant,
+    ) {
         for e in targets {
             let Subscriber::Session(session) = e.to else { continue };
             let (r, ticket) = self.deliver(session, e.delivery(msg), now, &mut out.wakes);
@@ -304,49 +282,5 @@ impl Broker {
         if matches!(r, Enqueued::DroppedFull | Enqueued::QueuedDroppedOldest(_)) {
             Metrics::add(&self.metrics.dropped_queue_full, 1);
         }
-    }
-
-    /// Gives `sink`, a subscriber that is not a session of this broker (another node, a
-    /// bridge), an id among sessions, to subscribe it with [`Broker::subscribe_remote`].
-    pub fn remote_sink(&self, sink: Arc<dyn RemoteSink>) -> Arc<RemoteRef> {
-        Arc::new(RemoteRef { id: self.next_session_id.fetch_add(1, Ordering::Relaxed), sink })
-    }
-
-    /// Subscribes `remote` to `filter` (a `$share/{group}/` filter makes it a group member)
-    /// with `options`: from now on, matching messages are handed to it. True if it is new;
-    /// `Err(0x8F)` for an invalid filter.
-    pub fn subscribe_remote(
-        &self,
-        remote: &Arc<RemoteRef>,
-        filter: &str,
-        options: SubscriptionOptions,
-    ) -> Result<bool, ReasonCode> {
-        let (inner, group) = split_filter(filter).ok_or(ReasonCode::TopicFilterInvalid)?;
-        Ok(self.router.write().subscribe(inner, group, SubEntry::remote(remote.clone(), options)))
-    }
-
-    /// From now on, sends `to` each filter that gains its first or loses its last subscription
-    /// by a session of this broker or a relay, with the change's number (see
-    /// [`Broker::filter_changes`]); first an `Added` for each filter subscribed now. A watcher
-    /// set before is replaced.
-    pub fn watch_filters(&self, to: tokio::sync::mpsc::UnboundedSender<(u64, FilterChange)>) {
-        self.router.write().watch(to);
-    }
-
-    /// How many filter changes were sent to the watcher so far (see [`Broker::watch_filters`]).
-    pub fn filter_changes(&self) -> u64 {
-        self.router.read().changes()
-    }
-
-    /// The filters `remote` is subscribed to (a walk over every subscription: not for the
-    /// publish path).
-    pub fn remote_filters(&self, remote: &RemoteRef) -> Vec<Box<str>> {
-        self.router.read().filters_of(remote.id)
-    }
-
-    /// Removes `remote`'s subscription to `filter`; true if it existed.
-    pub fn unsubscribe_remote(&self, remote: &RemoteRef, filter: &str) -> bool {
-        split_filter(filter)
-            .is_some_and(|(inner, group)| self.router.write().unsubscribe(inner, group, remote.id))
     }
 }
