@@ -18,36 +18,10 @@ use braid_broker::session::IN_PROCESS;
 use braid_proto::{ByteString, ReasonCode};
 
 use crate::redis::{bytes, int, Conn};
+use crate::scripts;
 use crate::wire;
 use crate::{membership, reaper, retained, routes, sessions};
 use crate::{ClusterError, Shared};
-
-/// Takes ownership for ARGV[1], raising the epoch (unless ARGV[1] holds it already: its own
-/// writes under way stay valid); with ARGV[2] = 1 (clean start) the old session's data goes
-/// and the epoch is raised in any case (what was under way for the old one is refused).
-/// Returns {epoch, previous owner}.
-const CLAIM: &str = r#"
-local prev = redis.call('HGET', KEYS[1], 'owner') or ''
-local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
-if prev ~= ARGV[1] or ARGV[2] == '1' or epoch == 0 then
-  epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1])
-redis.call('PERSIST', KEYS[1])
-if ARGV[2] == '1' then
-  redis.call('HDEL', KEYS[1], 'record')
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-end
-return {epoch, prev}
-"#;
-
-/// A session of ARGV[1] ended: its ownership record (epoch and owner) expires in a day unless
-/// the client id is claimed again (the claim keeps it). It is not removed at once: a claim of
-/// the same client id may be under way, and the epoch fences nodes that missed the end.
-const ENDED: &str = r#"
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('PEXPIRE', KEYS[1], 86400000) end
-return 1
-"#;
 
 /// The cluster's [`braid_broker::directory::Directory`].
 #[derive(Debug)]
@@ -109,7 +83,7 @@ impl braid_broker::directory::Directory for Directory {
 
     fn ended(&self, client_id: &str) {
         let mut ended = redis::cmd("EVAL");
-        ended.arg(ENDED).arg(1).arg(&self.shared.keys.session(client_id).meta).arg(&self.shared.me);
+        ended.arg(scripts::ENDED).arg(1).arg(&self.shared.keys.session(client_id).meta).arg(&self.shared.me);
         // After the session's own writes, in order.
         self.shared.store.submit_cmds(vec![ended]);
     }
@@ -148,7 +122,7 @@ async fn claim(
         }
     }
     let reply: Vec<Value> = redis::cmd("EVAL")
-        .arg(CLAIM)
+        .arg(scripts::CLAIM)
         .arg(4)
         .arg(&keys.all()[..])
         .arg(&shared.me)

@@ -16,8 +16,9 @@
 //! `balance` (moving clients between nodes: `drain`, `rebalance`),
 //! `sessions` (adopting sessions from Redis), `routes` (this node's routes out, the others'
 //! in, relays), `inbox` (messages and handover requests from other nodes), `retained`,
-//! `membership` (leases, live nodes), `store` (the Redis store and its writer), `streams`,
-//! `wire` (inbox entries), `keys`, `redis` (connections).
+//! `membership` (leases, live nodes), `store` (the Redis store and its writer), `scripts`
+//! (the Lua scripts run in Redis), `streams`, `wire` (inbox entries), `keys`, `redis`
+//! (connections).
 
 mod balance;
 mod directory;
@@ -33,6 +34,7 @@ mod redis;
 mod report;
 mod retained;
 mod routes;
+mod scripts;
 mod sessions;
 mod store;
 mod streams;

@@ -13,17 +13,8 @@ use braid_broker::config::ClusterConfig;
 
 use crate::keys::Keys;
 use crate::redis::{bytes, int};
+use crate::scripts;
 use crate::{ClusterError, Shared};
-
-/// Renews the lease if this incarnation holds it or nobody does: 1 if renewed, 2 if it had
-/// lapsed (or Redis lost it), 0 if another process holds it.
-const RENEW: &str = r#"
-local v = redis.call('GET', KEYS[1])
-if v and v ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if v then return 1 end
-return 2
-"#;
 
 /// How long the inbox of a gone node is still drained after its routes were cleared (nodes
 /// that had not applied that yet may still send there).
@@ -40,7 +31,7 @@ pub(crate) async fn take_lease(
     let mut logged = false;
     loop {
         let taken: i64 = redis::cmd("EVAL")
-            .arg(RENEW)
+            .arg(scripts::RENEW)
             .arg(1)
             .arg(keys.lease(&config.node))
             .arg(incarnation)
@@ -80,7 +71,7 @@ pub(crate) enum Renewed {
 pub(crate) async fn renew(shared: &Shared, conn: &mut Conn) -> redis::RedisResult<Renewed> {
     let mut lease = redis::cmd("EVAL");
     lease
-        .arg(RENEW)
+        .arg(scripts::RENEW)
         .arg(1)
         .arg(shared.keys.lease(&shared.me))
         .arg(&shared.incarnation)

@@ -19,16 +19,10 @@ use crate::inbox::{self, create_group, read_group, Source, Taken, GROUP};
 use crate::membership::{self, GRACE};
 use crate::redis::bytes;
 use crate::routes;
+use crate::scripts;
 use crate::sessions;
 use crate::streams::{entries_of, stream_entries};
 use crate::Shared;
-
-/// Claims a session for ARGV[2] if ARGV[1] still owns it: returns the new epoch, or 0.
-const CLAIM_FROM: &str = r#"
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2])
-return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-"#;
 
 /// Looks for gone nodes every half lease and takes over those no other node is taking over
 /// (sessions whose clients have not come back elsewhere).
@@ -107,7 +101,7 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
     for client_id in owned.iter().filter(|c| !c.starts_with(IN_PROCESS)) {
         let keys = shared.keys.session(client_id);
         let epoch: i64 = redis::cmd("EVAL")
-            .arg(CLAIM_FROM)
+            .arg(scripts::CLAIM_FROM)
             .arg(1)
             .arg(&keys.meta)
             .arg(node)

@@ -17,7 +17,7 @@ use braid_broker::balance::Refusal;
 
 use crate::redis::{int, Conn};
 use crate::store::pairs;
-use crate::{membership, Shared};
+use crate::{membership, scripts, Shared};
 
 /// Above the average by more than this share of it (and by more than one connection), a node
 /// sends its excess away.
@@ -26,12 +26,6 @@ const MARGIN: f64 = 0.05;
 /// Even: the most loaded node holds at most this many percent of the least loaded's
 /// connections.
 const BAR_PERCENT: u64 = 115;
-
-/// Deletes the rebalance ARGV[1] if it is still the one under way.
-const END: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"#;
 
 /// A rebalance under way, as Redis holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +139,7 @@ pub(crate) async fn start(shared: &Shared, rate: u32, bound: Duration) -> Result
 /// Ends `request` (the loads are even), unless another rebalance replaced it.
 pub(crate) async fn end(shared: &Shared, conn: &mut Conn, request: &Request) -> redis::RedisResult<()> {
     let ended: redis::Value = redis::cmd("EVAL")
-        .arg(END)
+        .arg(scripts::END_REBALANCE)
         .arg(1)
         .arg(shared.keys.rebalance())
         .arg(request.to_text())

@@ -35,33 +35,8 @@ use braid_proto::ByteString;
 
 use crate::keys::Keys;
 use crate::redis::{bytes, int};
+use crate::scripts;
 use crate::wire;
-
-/// Applies one change to a session's keys if the caller still owns it (see module doc).
-const SESSION_OP: &str = r#"
-local e = tonumber(ARGV[1])
-if e ~= 0 and tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') ~= e then return 0 end
-local op = ARGV[2]
-if op == 'session' then redis.call('HSET', KEYS[1], 'record', ARGV[3])
-elseif op == 'end' then redis.call('HDEL', KEYS[1], 'record'); redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-elseif op == 'append' then
-  redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-  if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'r' .. ARGV[3], ARGV[5]) end
-elseif op == 'stage' then
-  if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 1 then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
-elseif op == 'done' then redis.call('HDEL', KEYS[2], ARGV[3], 'r' .. ARGV[3]); redis.call('HDEL', KEYS[3], ARGV[3])
-elseif op == 'qos2' then
-  if ARGV[4] == '1' then redis.call('SADD', KEYS[4], ARGV[3]) else redis.call('SREM', KEYS[4], ARGV[3]) end
-end
-return 1
-"#;
-
-/// Sets or clears a retained message and logs the change for the other nodes.
-const RETAIN_OP: &str = r#"
-if ARGV[2] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', '100000', '*', 't', ARGV[1], 'v', ARGV[2])
-return 1
-"#;
 
 /// A session this store writes for: its client id and ownership epoch.
 #[derive(Debug, Clone)]
@@ -323,7 +298,7 @@ impl RedisStore {
     fn session_cmd(&self, b: &Bound, op: &str, args: [&[u8]; 3]) -> Cmd {
         let k = self.keys.session(&b.client_id);
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(SESSION_OP).arg(4).arg(&k.all()[..]).arg(b.epoch).arg(op).arg(&args[..]);
+        cmd.arg(scripts::SESSION_OP).arg(4).arg(&k.all()[..]).arg(b.epoch).arg(op).arg(&args[..]);
         cmd
     }
 
@@ -405,7 +380,7 @@ impl Store for RedisStore {
                 let value =
                     if msg.payload.is_empty() { Vec::new() } else { codec::message(&msg, &self.clock) };
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(RETAIN_OP)
+                cmd.arg(scripts::RETAIN_OP)
                     .arg(2)
                     .arg(self.keys.retained())
                     .arg(self.keys.retained_log())
