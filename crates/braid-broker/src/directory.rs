@@ -1,6 +1,6 @@
 //! Who holds a client's session when several brokers serve as one: the seam a cluster
 //! implements so that a CONNECT claims its client id cluster-wide before the session attaches
-//! (see [`crate::broker::Broker::set_directory`]). A single broker has none.
+//! (see [`crate::broker::ClusterSide::set_directory`]). A single broker has none.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -19,7 +19,7 @@ pub trait Directory: Send + Sync + Debug {
     /// Makes this broker the holder of `client_id`'s session before its CONNECT is accepted
     /// (an empty one, to be assigned, is only checked against 0x9C):
     /// a connection to another node that holds it is closed (0x8E) and the session, unless
-    /// `clean_start`, handed over and adopted here ([`crate::broker::Broker::adopt`]). `Err`
+    /// `clean_start`, handed over and adopted here ([`crate::broker::ClusterSide::adopt`]). `Err`
     /// is the CONNACK reason to refuse with: 0x9C while this node must not serve (cut off
     /// from the cluster), 0x88 when the claim failed.
     fn claim<'a>(&'a self, client_id: &'a str, clean_start: bool) -> Claiming<'a>;

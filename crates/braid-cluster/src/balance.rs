@@ -341,7 +341,7 @@ pub(crate) fn start(shared: &Arc<Shared>, broker: &Arc<Broker>) {
         ),
     }
     tokio::spawn(run(shared.clone(), broker.clone()));
-    broker.set_balancer(Arc::new(Requests(shared.clone())));
+    broker.cluster().set_balancer(Arc::new(Requests(shared.clone())));
 }
 
 /// The node's task: reads the cluster every quarter lease (at once when nudged) and sends away,
@@ -462,7 +462,7 @@ fn step(shared: &Shared, broker: &Broker, now: Instant) -> bool {
         (n, st.targets(&live, &shared.me), std::mem::take(&mut st.queue), st.drain.is_some())
     };
     if queue.is_empty() {
-        queue = broker.connected_clients();
+        queue = broker.cluster().connected_clients();
     }
     let ids = queue.split_off(queue.len().saturating_sub(usize::try_from(n).unwrap_or(usize::MAX)));
     let detail = match draining {
@@ -470,7 +470,7 @@ fn step(shared: &Shared, broker: &Broker, now: Instant) -> bool {
         false => "rebalancing the cluster's connections: connect to the Server Reference",
     };
     let mut sent = Vec::new();
-    let closed = broker.send_away(&ids, ReasonCode::UseAnotherServer, detail, || {
+    let closed = broker.cluster().send_away(&ids, ReasonCode::UseAnotherServer, detail, || {
         let target = pick(&mut targets)?;
         sent.push(target.node.clone());
         Some(target.reference.clone())

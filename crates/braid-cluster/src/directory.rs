@@ -148,7 +148,7 @@ async fn claim(
         .query_async(&mut conn)
         .await
         .map_err(err)?;
-    if !clean && !broker.has_session(client_id) {
+    if !clean && !broker.cluster().has_session(client_id) {
         sessions::adopt(shared, broker, client_id, true).await?;
     }
     drop(claiming);
@@ -233,7 +233,7 @@ async fn check_owner(shared: &Shared, broker: &Broker, client_id: &str) {
     let Ok((owner, epoch)) = meta else { return };
     let mine = shared.store.epoch(client_id);
     if owner.as_deref() != Some(&*shared.me) || (mine.is_some() && epoch != mine) {
-        if broker.release(client_id, Instant::now(), None, WillOnRelease::Resumed).is_some() {
+        if broker.cluster().release(client_id, Instant::now(), None, WillOnRelease::Resumed).is_some() {
             warn!(%client_id, "cluster: another node claimed this client id at the same time; its connection here is closed");
         }
         shared.store.unbind(client_id);
@@ -253,7 +253,8 @@ pub(crate) async fn hand_over(
     let _ = shared.reaping.subscribe().wait_for(|n| *n == 0).await;
     let relay = routes::relay_sink(&shared, &broker, &to);
     let will = if clean { WillOnRelease::Ended } else { WillOnRelease::Resumed };
-    if let Some((ticket, filters)) = broker.release(&client_id, Instant::now(), Some(&relay), will) {
+    if let Some((ticket, filters)) = broker.cluster().release(&client_id, Instant::now(), Some(&relay), will)
+    {
         routes::relaying(&shared, &broker, &to, filters.iter().map(|f| f.to_string()).collect());
         let ticket = ticket.max(shared.store.finish_waiting(&client_id));
         shared.store.wait_durable(ticket).await;
@@ -277,7 +278,7 @@ pub(crate) async fn release_fenced(
         if shared.store.epoch(&client_id).is_some_and(|now| now > epoch) {
             continue;
         }
-        if broker.release(&client_id, Instant::now(), None, WillOnRelease::Resumed).is_some() {
+        if broker.cluster().release(&client_id, Instant::now(), None, WillOnRelease::Resumed).is_some() {
             warn!(%client_id, "cluster: another node owns this session now; its connection here is closed");
         }
         shared.store.unbind(&client_id);

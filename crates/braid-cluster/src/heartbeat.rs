@@ -92,7 +92,7 @@ fn stop_serving(shared: &Shared, broker: &Broker) {
 async fn rejoin(shared: &Arc<Shared>, broker: &Arc<Broker>) -> Result<(), crate::ClusterError> {
     let now = Instant::now();
     for client_id in broker.client_ids() {
-        broker.release(&client_id, now, None, WillOnRelease::Kept);
+        broker.cluster().release(&client_id, now, None, WillOnRelease::Kept);
         shared.store.unbind(&client_id);
     }
     inbox::create_group(&mut shared.conn.clone(), &shared.keys.inbox(&shared.me)).await?;

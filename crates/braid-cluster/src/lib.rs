@@ -206,7 +206,7 @@ impl Node {
         let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
         tokio::spawn(self.writer.run(shared.conn.clone(), fenced_tx));
         sessions::adopt_owned(&shared, broker).await?;
-        broker.set_directory(Arc::new(directory::Directory::new(shared.clone(), broker)));
+        broker.cluster().set_directory(Arc::new(directory::Directory::new(shared.clone(), broker)));
         tokio::spawn(directory::release_fenced(shared.clone(), broker.clone(), fenced_rx));
         routes::announce(&shared, broker);
         tokio::spawn(routes::follow(shared.clone(), broker.clone()));

@@ -110,7 +110,7 @@ async fn reap(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str) -> redis::
             .await?;
         if epoch > 0 {
             shared.store.set_epoch(client_id, epoch as u64);
-            let id = match broker.session_id(client_id) {
+            let id = match broker.cluster().session_id(client_id) {
                 Some(id) => Some(id),
                 None => sessions::adopt(shared, broker, client_id, false).await.map_err(|e| {
                     redis::RedisError::from((redis::ErrorKind::Client, "adopting a session", e.to_string()))

@@ -231,7 +231,7 @@ pub(crate) fn relay_sink(shared: &Arc<Shared>, broker: &Broker, node: &str) -> A
     node_sink(shared, broker, node, true)
 }
 
-/// `filters` now relay to `node` (see [`Broker::release`]): for one lease, by when every node
+/// `filters` now relay to `node` (see [`braid_broker::broker::ClusterSide::release`]): for one lease, by when every node
 /// routes by the session's new place.
 pub(crate) fn relaying(shared: &Arc<Shared>, broker: &Arc<Broker>, node: &str, filters: Vec<String>) {
     if filters.is_empty() {

@@ -46,10 +46,10 @@ pub(crate) async fn adopt(
     if connecting {
         session.shared.clear();
     }
-    let id = broker.new_session_id();
+    let id = broker.cluster().new_session_id();
     session.record.id = id;
     shared.store.bind(id, client_id);
-    broker.adopt(session, Instant::now());
+    broker.cluster().adopt(session, Instant::now());
     // Until every node routes by the move (relays and a gone node's inbox drained included),
     // a message may come by two ways.
     let settle = Duration::from_millis(shared.config.lease_ms) + GRACE;
@@ -57,7 +57,7 @@ pub(crate) async fn adopt(
     tokio::spawn(async move {
         tokio::time::sleep(settle).await;
         if let Some(broker) = broker.upgrade() {
-            broker.settled(&client_id);
+            broker.cluster().settled(&client_id);
         }
     });
     Ok(Some(id))

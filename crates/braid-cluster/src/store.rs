@@ -593,7 +593,7 @@ pub(crate) fn parse_u64(b: &[u8]) -> Option<u64> {
 }
 
 /// A session as Redis has it (the replies of HGET record, HGETALL queue and stages, SMEMBERS
-/// qos2), for [`braid_broker::broker::Broker::adopt`]; None if Redis has no record of it.
+/// qos2), for [`braid_broker::broker::ClusterSide::adopt`]; None if Redis has no record of it.
 pub(crate) fn read_session(
     client_id: &str,
     record: &Value,

@@ -39,7 +39,7 @@ async fn of_two_nodes_claiming_one_client_id_at_once_exactly_one_owns_it() {
             "{id}: owned by the node still serving it, the epoch raised by each claim"
         );
         assert!(inspect.owned(&winner_node.name).await.contains(&id));
-        eventually!("the losing node lets the session go", !loser_node.broker.has_session(&id));
+        eventually!("the losing node lets the session go", !loser_node.broker.cluster().has_session(&id));
         // The winner's session is the one the cluster routes to, and its writes are not fenced
         // (a SUBSCRIBE writes its record).
         let topic = format!("race/{round}");
@@ -76,7 +76,7 @@ async fn a_node_that_missed_a_claim_cannot_write_the_session_it_lost() {
         Some(ReasonCode::SessionTakenOver),
         "n1's write is fenced, and its client told so"
     );
-    eventually!("n1 lets the session go", !n1.broker.has_session("fenced"));
+    eventually!("n1 lets the session go", !n1.broker.cluster().has_session("fenced"));
     let record: Vec<u8> = inspect.query(redis::cmd("HGET").arg("braid:s:{fenced}").arg("record")).await;
     let filters: Vec<String> = codec::read_session(&record)
         .expect("a session record")
@@ -109,7 +109,7 @@ async fn the_sessions_of_a_node_whose_lease_lapsed_are_taken_over_with_its_inbox
     eventually!("n2 cleared n1's routes", !inspect.query::<bool>(&routes).await);
     assert!(inspect.owned("n2").await.contains(&"orphan".to_string()));
     assert!(inspect.owned("n1").await.is_empty());
-    assert!(n2.broker.has_session("orphan"));
+    assert!(n2.broker.cluster().has_session("orphan"));
     publish(&publisher, "reap/t", "sent after the takeover").await;
     let (client, present) = connect(&n2, "orphan").await;
     assert!(present, "the session survived its node");

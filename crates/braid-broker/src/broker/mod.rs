@@ -3,10 +3,10 @@
 //! spawns nothing; its timers (will delays, session expiry, the connection sweep) wait in one
 //! heap that the runtime drives through [`Broker::poll_timeout`] and [`Broker::handle_timeout`].
 //!
-//! - [`registry`]: CONNECT and takeover.
-//! - [`pubsub`]: SUBSCRIBE, UNSUBSCRIBE, PUBLISH.
-//! - [`lifecycle`]: disconnects, wills, session expiry, the timers.
-//! - [`recovery`]: what the store kept, reloaded at start.
+//! - `registry.rs`: CONNECT and takeover.
+//! - `pubsub.rs`: SUBSCRIBE, UNSUBSCRIBE, PUBLISH.
+//! - `lifecycle.rs`: disconnects, wills, session expiry, the timers.
+//! - `recovery.rs`: what the store kept, reloaded at start.
 //! - [`admin`]: what operators ask (sessions, kick, subscriptions, retained messages).
 //! - [`live`]: the settings a reload changes without a restart.
 //!
@@ -110,9 +110,9 @@ pub struct Broker {
 pub struct Holder {
     /// The session.
     pub session: Arc<Session>,
-    /// Until when it paces the publisher (its delivery was QoS 0, see [`Enqueued::Paced`]);
-    /// None: it holds the publisher by backpressure, until `session.slow_consumer_timeout_secs`
-    /// evicts it.
+    /// Until when it paces the publisher (its delivery was QoS 0, see
+    /// [`crate::session::Enqueued::Paced`]); None: it holds the publisher by backpressure, until
+    /// `session.slow_consumer_timeout_secs` evicts it.
     pub paced_until: Option<Instant>,
 }
 
@@ -196,7 +196,7 @@ pub enum Ending {
 }
 
 /// What becomes of the will of a session this broker lets go of for another node of a
-/// cluster (see [`Broker::release`]). A will without delay of a connection it closes is sent
+/// cluster (see [`ClusterSide::release`]). A will without delay of a connection it closes is sent
 /// here in every case, as that connection ended without DISCONNECT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WillOnRelease {
@@ -232,8 +232,9 @@ impl Broker {
         broker
     }
 
-    /// A broker on `store`. The one clock reading of the core: the start, from which `now`
-    /// arguments are measured and converted to the Unix times the store keeps.
+    /// A broker on `store`, started now: its one clock reading (as in [`Broker::open`]), the
+    /// start from which `now` arguments are measured and converted to the Unix times the store
+    /// keeps.
     pub fn with_store(config: Config, store: Arc<dyn Store>) -> Arc<Broker> {
         Broker::with_clock(config, store, UnixClock::read())
     }
@@ -270,20 +271,9 @@ impl Broker {
         broker
     }
 
-    /// Makes CONNECTs claim their client id in `directory` first (a cluster node); once.
-    pub fn set_directory(&self, directory: Arc<dyn Directory>) {
-        let _ = self.directory.set(directory);
-    }
-
     /// The cluster-wide session directory, if this broker is a node of a cluster.
     pub fn directory(&self) -> Option<&Arc<dyn Directory>> {
         self.directory.get()
-    }
-
-    /// Makes this broker's cluster drain and rebalance through `balancer` (set once, at the
-    /// cluster's start).
-    pub fn set_balancer(&self, balancer: Arc<dyn Balancer>) {
-        let _ = self.balancer.set(balancer);
     }
 
     /// Drains and rebalances of the cluster, if this broker is a node of one.
@@ -363,5 +353,37 @@ impl Hash for ById {
 impl Borrow<str> for ById {
     fn borrow(&self) -> &str {
         &self.0.client_id
+    }
+}
+
+impl Broker {
+    /// What a cluster node asks of this broker (see [`ClusterSide`]).
+    pub fn cluster(&self) -> ClusterSide<'_> {
+        ClusterSide { broker: self }
+    }
+}
+
+/// The seam between the broker and the cluster node it serves: the session directory and the
+/// balancer it installs, sessions it adopts from other nodes or releases to them, and the
+/// connections it sends away. (Remote subscribers, forwarded messages and the filter watcher
+/// are [`Remotes`], which bridges share.) Each call takes the registry's lock for one lookup
+/// or copy, and a session's or the router's lock for its own change, never two sessions' at
+/// once; none does I/O or waits, so the node calls them from its tasks (the store ticket a
+/// release returns is what the node waits for, outside).
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterSide<'a> {
+    broker: &'a Broker,
+}
+
+impl ClusterSide<'_> {
+    /// Makes CONNECTs claim their client id in `directory` first (a cluster node); once.
+    pub fn set_directory(&self, directory: Arc<dyn Directory>) {
+        let _ = self.broker.directory.set(directory);
+    }
+
+    /// Makes this broker's cluster drain and rebalance through `balancer` (set once, at the
+    /// cluster's start).
+    pub fn set_balancer(&self, balancer: Arc<dyn Balancer>) {
+        let _ = self.broker.balancer.set(balancer);
     }
 }

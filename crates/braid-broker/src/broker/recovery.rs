@@ -7,7 +7,7 @@ use std::time::Instant;
 use braid_proto::QoS;
 
 use super::lifecycle::will_delay;
-use super::{split_filter, Broker, ById};
+use super::{split_filter, Broker, ById, ClusterSide};
 use crate::message::{Delivery, StreamTag};
 use crate::router::{SubEntry, Subscriber};
 use crate::session::{OnDisk, Persist, Queue, RemoteIds, Session};
@@ -32,25 +32,6 @@ impl Broker {
         }
     }
 
-    /// A session id no session of this broker has, for [`Broker::adopt`].
-    pub fn new_session_id(&self) -> u64 {
-        self.next_session_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Takes in `session`, handed over by another node of a cluster, as an offline persistent
-    /// session whose deliveries the store keeps; its subscriptions route to it from now on.
-    /// Its record's `id` must come from [`Broker::new_session_id`] (the store may have to know
-    /// it first: its will or its end may be due at once). Until [`Broker::settled`], a message
-    /// from another node it holds or was offered is not queued for it again.
-    pub fn adopt(&self, mut session: RecoveredSession, now: Instant) {
-        let client_id = session.record.client_id.clone();
-        let held: RemoteIds = session.held_remote.iter().cloned().collect();
-        let shared = std::mem::take(&mut session.shared);
-        self.restore_session(session, self.unix_secs(now), now);
-        self.with_persist(&client_id, |p| p.remote_ids = Some(Box::new(held)));
-        self.hand_off_shared(&client_id, shared, now);
-    }
-
     /// Hands the deliveries `shared` of offline `client_id`'s session that its client may not
     /// have (queued, or QoS 1 sent without a PUBACK) to other members of their groups, as
     /// [`Broker::disconnected`] does for a client that goes away here.
@@ -69,12 +50,6 @@ impl Broker {
             .collect();
         self.with_persist(client_id, |p| taken.iter().for_each(|d| p.hand_off(d.seq)));
         self.hand_to_other_members(&session, &others, taken, now);
-    }
-
-    /// `client_id`'s move to this broker has settled: messages from other nodes no longer come
-    /// to it by two ways, and it stops remembering them (see [`Broker::adopt`]).
-    pub fn settled(&self, client_id: &str) {
-        self.with_persist(client_id, |p| p.remote_ids = None);
     }
 
     /// Runs `f` on the store link of `client_id`'s session, if it has one here.
@@ -136,5 +111,32 @@ impl Broker {
         // running) is sent as if the connection had ended now.
         let offline_for = u32::try_from(offline_for).unwrap_or(u32::MAX);
         self.schedule_end(&session, 0, will_delay, rec.expiry_secs, now, offline_for);
+    }
+}
+
+impl ClusterSide<'_> {
+    /// A session id no session of this broker has, for [`ClusterSide::adopt`].
+    pub fn new_session_id(&self) -> u64 {
+        self.broker.next_session_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes in `session`, handed over by another node of a cluster, as an offline persistent
+    /// session whose deliveries the store keeps; its subscriptions route to it from now on.
+    /// Its record's `id` must come from [`ClusterSide::new_session_id`] (the store may have to know
+    /// it first: its will or its end may be due at once). Until [`ClusterSide::settled`], a message
+    /// from another node it holds or was offered is not queued for it again.
+    pub fn adopt(&self, mut session: RecoveredSession, now: Instant) {
+        let client_id = session.record.client_id.clone();
+        let held: RemoteIds = session.held_remote.iter().cloned().collect();
+        let shared = std::mem::take(&mut session.shared);
+        self.broker.restore_session(session, self.broker.unix_secs(now), now);
+        self.broker.with_persist(&client_id, |p| p.remote_ids = Some(Box::new(held)));
+        self.broker.hand_off_shared(&client_id, shared, now);
+    }
+
+    /// `client_id`'s move to this broker has settled: messages from other nodes no longer come
+    /// to it by two ways, and it stops remembering them (see [`ClusterSide::adopt`]).
+    pub fn settled(&self, client_id: &str) {
+        self.broker.with_persist(client_id, |p| p.remote_ids = None);
     }
 }

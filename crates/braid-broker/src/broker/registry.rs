@@ -9,7 +9,7 @@ use braid_proto::{
     ByteString, ConnAck, Connect, Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions,
 };
 
-use super::{split_filter, Accepted, Broker, ById, Connected, WillOnRelease};
+use super::{split_filter, Accepted, Broker, ById, ClusterSide, Connected, WillOnRelease};
 use crate::control::ConnControl;
 use crate::router::{RemoteRef, SubEntry};
 use crate::session::{Link, Origin, Persist, QueueLimits, Release, Session};
@@ -160,11 +160,6 @@ impl Broker {
         self.sessions.lock().iter().map(|s| s.0.client_id.clone()).collect()
     }
 
-    /// The id of `client_id`'s session here, if this broker holds one.
-    pub fn session_id(&self, client_id: &str) -> Option<u64> {
-        self.sessions.lock().get(client_id).map(|s| s.0.id)
-    }
-
     /// The filters `client_id`'s session here subscribes to (`$share/{group}/` included);
     /// empty if this broker holds no session of it.
     pub fn subscriptions_of(&self, client_id: &str) -> Vec<ByteString> {
@@ -180,11 +175,6 @@ impl Broker {
         let session = self.session_of(client_id)?;
         let st = session.lock();
         Some(st.waiting() + st.inflight.len())
-    }
-
-    /// True if this broker holds a session of `client_id` (connected or not).
-    pub fn has_session(&self, client_id: &str) -> bool {
-        self.sessions.lock().contains(client_id)
     }
 
     /// `client_id`'s session here, if this broker holds one.
@@ -229,6 +219,29 @@ impl Broker {
         self.handovers.notify_waiters();
     }
 
+    /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was
+    /// cancelled, so connections attaching later close themselves).
+    pub fn close_all(&self, reason: ReasonCode) {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
+        for s in sessions {
+            if let Some(link) = &s.lock().link {
+                link.ctl.close(reason);
+            }
+        }
+    }
+}
+
+impl ClusterSide<'_> {
+    /// The id of `client_id`'s session here, if this broker holds one.
+    pub fn session_id(&self, client_id: &str) -> Option<u64> {
+        self.broker.sessions.lock().get(client_id).map(|s| s.0.id)
+    }
+
+    /// True if this broker holds a session of `client_id` (connected or not).
+    pub fn has_session(&self, client_id: &str) -> bool {
+        self.broker.sessions.lock().contains(client_id)
+    }
+
     /// Lets go of `client_id`'s session, which another node of a cluster takes over: its
     /// subscriptions go to `relay` (a remote subscriber for that node), if given, in the same
     /// step, so a message routed here meanwhile goes there; its connection is closed (0x8E) as in a
@@ -243,10 +256,10 @@ impl Broker {
         relay: Option<&Arc<RemoteRef>>,
         will: WillOnRelease,
     ) -> Option<(Ticket, Vec<ByteString>)> {
-        let session = self.sessions.lock().get(client_id)?.0.clone();
+        let session = self.broker.sessions.lock().get(client_id)?.0.clone();
         let filters: Vec<ByteString> = session.lock().subscriptions.keys().cloned().collect();
         {
-            let mut router = self.router.write();
+            let mut router = self.broker.router.write();
             let options = SubscriptionOptions { qos: QoS::ExactlyOnce, ..SubscriptionOptions::default() };
             for filter in &filters {
                 if let Some((inner, group)) = split_filter(filter) {
@@ -263,22 +276,22 @@ impl Broker {
         // whatever was routed to the session before is in its store ticket now.
         let delayed =
             session.lock().will.clone().filter(|w| w.properties.will_delay_interval.unwrap_or(0) > 0);
-        self.take_over(&session, false, now);
+        self.broker.take_over(&session, false, now);
         match (will, delayed) {
-            (WillOnRelease::Ended, Some(w)) => self.publish_will(&session, *w, now),
+            (WillOnRelease::Ended, Some(w)) => self.broker.publish_will(&session, *w, now),
             (WillOnRelease::Kept, Some(w)) => session.lock().will = Some(w),
             _ => {}
         }
         let persist = {
             let mut st = session.lock();
-            st.save(self.unix_secs(now));
+            st.save(self.broker.unix_secs(now));
             // Its timer here (if it had one) finds nothing to send.
             st.will = None;
             st.subscriptions.clear();
             st.persist.take()
         };
         {
-            let mut sessions = self.sessions.lock();
+            let mut sessions = self.broker.sessions.lock();
             if sessions.get(client_id).is_some_and(|s| Arc::ptr_eq(&s.0, &session)) {
                 sessions.remove(client_id);
             }
@@ -290,7 +303,7 @@ impl Broker {
     /// The client ids of the connections attached here and not closing, in-process clients (a
     /// bridge's) left out: the connections a cluster may move to its other nodes.
     pub fn connected_clients(&self) -> Vec<ByteString> {
-        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
+        let sessions: Vec<Arc<Session>> = self.broker.sessions.lock().iter().map(|s| s.0.clone()).collect();
         sessions
             .iter()
             .filter(|s| !s.node_local() && s.lock().link.as_ref().is_some_and(|l| !l.ctl.is_closed()))
@@ -313,7 +326,7 @@ impl Broker {
     ) -> usize {
         let mut closed = 0;
         for client_id in client_ids {
-            match self.attached(client_id) {
+            match self.broker.attached(client_id) {
                 Some(ctl) if !ctl.is_closed() => {
                     ctl.close_to(reason, detail, server_reference());
                     closed += 1;
@@ -322,17 +335,6 @@ impl Broker {
             }
         }
         closed
-    }
-
-    /// Closes every attached connection with `reason` (at shutdown, after `shutdown` was
-    /// cancelled, so connections attaching later close themselves).
-    pub fn close_all(&self, reason: ReasonCode) {
-        let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
-        for s in sessions {
-            if let Some(link) = &s.lock().link {
-                link.ctl.close(reason);
-            }
-        }
     }
 }
 
@@ -365,13 +367,14 @@ mod tests {
         let (v5, _) = h.connect(connect("v5", ProtocolVersion::V5));
         let (v3, _) = h.connect(connect("v3", ProtocolVersion::V3_1_1));
         let (other, _) = h.connect(connect("other", ProtocolVersion::V5));
-        let mut listed = broker.connected_clients();
+        let mut listed = broker.cluster().connected_clients();
         listed.sort();
         assert_eq!(listed, ["other", "v3", "v5"]);
 
         let mut targets = ["b:1883", "c:1883"].into_iter().map(ByteString::from);
         let ids = [ByteString::from("v5"), "v3".into(), "nobody".into()];
-        let closed = broker.send_away(&ids, ReasonCode::UseAnotherServer, "draining", || targets.next());
+        let closed =
+            broker.cluster().send_away(&ids, ReasonCode::UseAnotherServer, "draining", || targets.next());
         assert_eq!(closed, 2, "the two attached connections; no session of nobody");
         let Some(Packet::Disconnect(d)) = h.received(v5).pop() else { panic!("no DISCONNECT") };
         assert_eq!(d.reason, ReasonCode::UseAnotherServer);
@@ -380,9 +383,12 @@ mod tests {
         assert!(h.received(v3).is_empty(), "a 3.1.1 client is closed without DISCONNECT");
         assert_eq!(h.closed(v3), Some(ReasonCode::UseAnotherServer));
         assert_eq!(h.closed(other), None);
-        assert_eq!(broker.connected_clients(), ["other"]);
-        assert!(broker.has_session("v5") && broker.has_session("v3"), "persistent sessions stay");
-        let again = broker.send_away(&ids, ReasonCode::UseAnotherServer, "draining", || None);
+        assert_eq!(broker.cluster().connected_clients(), ["other"]);
+        assert!(
+            broker.cluster().has_session("v5") && broker.cluster().has_session("v3"),
+            "persistent sessions stay"
+        );
+        let again = broker.cluster().send_away(&ids, ReasonCode::UseAnotherServer, "draining", || None);
         assert_eq!(again, 0, "closed already");
     }
 }

@@ -29,7 +29,7 @@ pub struct Persist {
     /// Ticket of the latest change submitted.
     pub ticket: Ticket,
     /// For a session a cluster node adopted, while the move settles (see
-    /// [`crate::broker::Broker::adopt`]): the messages from other nodes it holds or was offered,
+    /// [`crate::broker::ClusterSide::adopt`]): the messages from other nodes it holds or was offered,
     /// none of which is queued twice (it may come by two nodes' inboxes meanwhile).
     pub remote_ids: Option<Box<RemoteIds>>,
 }
