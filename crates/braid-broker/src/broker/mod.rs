@@ -19,7 +19,7 @@ pub mod live;
 mod pubsub;
 mod recovery;
 mod registry;
-mod remote;
+pub mod remote;
 mod timers;
 
 use std::borrow::Borrow;
@@ -51,7 +51,6 @@ use crate::store::{self, Store, StoreError, Ticket, UnixClock};
 use crate::trace::Tracer;
 use live::Live;
 
-pub use remote::Remotes;
 use timers::{Timer, Timers};
 
 /// How often the connection sweep runs: a client is closed between 1.5 times its keep alive
@@ -151,7 +150,7 @@ pub struct Published {
 }
 
 /// How a message from another node came here, which decides who among the subscribers its
-/// scope matches gets it (see [`crate::broker::Remotes::publish_forwarded`]).
+/// scope matches gets it (see [`crate::broker::remote::Remotes::publish_forwarded`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Arrival<'a> {
     /// Sent here: this broker's sessions and relays.
@@ -366,7 +365,7 @@ impl Broker {
 /// The seam between the broker and the cluster node it serves: the session directory and the
 /// balancer it installs, sessions it adopts from other nodes or releases to them, and the
 /// connections it sends away. (Remote subscribers, forwarded messages and the filter watcher
-/// are [`Remotes`], which bridges share.) Each call takes the registry's lock for one lookup
+/// are [`remote::Remotes`], which bridges share.) Each call takes the registry's lock for one lookup
 /// or copy, and a session's or the router's lock for its own change, never two sessions' at
 /// once; none does I/O or waits, so the node calls them from its tasks (the store ticket a
 /// release returns is what the node waits for, outside).

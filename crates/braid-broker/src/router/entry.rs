@@ -2,7 +2,7 @@
 //! session of this broker, or something that is not local — another node of a cluster, a
 //! bridge — reached through one interface, [`RemoteSink`]. The core knows nothing of what is
 //! behind it: a cluster or bridge crate implements it and subscribes with
-//! [`crate::broker::Remotes::subscribe_remote`].
+//! [`crate::broker::remote::Remotes::subscribe_remote`].
 
 use std::fmt;
 use std::future::Future;
@@ -106,7 +106,7 @@ pub trait RemoteSink: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// A remote sink with the id the broker gave it ([`crate::broker::Remotes::remote_sink`]),
+/// A remote sink with the id the broker gave it ([`crate::broker::remote::Remotes::remote_sink`]),
 /// unique among sessions and sinks.
 #[derive(Debug, Clone)]
 pub struct RemoteRef {
