@@ -3,9 +3,9 @@
 //! `/`, served by axum on the broker's runtime.
 //!
 //! - [`keys`]: the API keys file and `braid apikey`.
-//! - [`prom`]: the metrics in the Prometheus text format.
-//! - [`api`]: the REST API.
-//! - [`dashboard`]: the dashboard's pages, embedded in the binary.
+//! - `prom`: the metrics in the Prometheus text format.
+//! - `api`: the REST API.
+//! - `dashboard`: the dashboard's pages, embedded in the binary.
 //!
 //! With `admin.api_keys_file` set, every request but `GET /api/v1/health` carries a key, as
 //! `Authorization: Bearer KEY` or as basic auth (user: the key's name, password: the key).

@@ -1,7 +1,7 @@
 //! Moving clients between the nodes of a cluster: the seam a cluster implements so that
 //! operators (the admin API) can drain a node or even the nodes' connections out (see
-//! [`crate::broker::Broker::set_balancer`]). A single broker has none. The connections
-//! themselves are sent away with [`crate::broker::Broker::send_away`].
+//! [`crate::broker::ClusterSide::set_balancer`]). A single broker has none. The connections
+//! themselves are sent away with [`crate::broker::ClusterSide::send_away`].
 
 use std::fmt::Debug;
 use std::future::Future;

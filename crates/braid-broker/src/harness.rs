@@ -3,8 +3,8 @@
 //! test advances. No socket, no runtime and no wall-clock sleep: a will delay of an hour is an
 //! [`Harness::advance`] away, and what happens in which order is exactly what the test says.
 //!
-//! Each client is served by the same code as a real connection: [`Inbound`] reads its packets
-//! (through [`Inbound::handle_buffered`], as every transport does), the session encodes its
+//! Each client is served by the same code as a real connection: `Inbound` reads its packets
+//! (through `Inbound::handle_buffered`, as every transport does), the session encodes its
 //! deliveries, and a close the broker asks for ends it as a connection task would (a v5
 //! DISCONNECT with the reason, then [`Broker::disconnected`]). What is left out is what only
 //! sockets have: the wait for a takeover's old connection to read its socket, parking, and

@@ -1,10 +1,11 @@
 //! The Braid MQTT broker.
 //!
-//! Layers, top to bottom: [`server`], [`handshake_thread`] (plain TCP accepts and the wait
-//! for CONNECT) and [`listener`] (TLS, WebSocket; [`tls`] loads the certificates),
-//! [`connection`] (one client: reader and writer), [`session`] (sans-IO per-client state),
-//! [`router`] (topic trie and shared groups), [`retained`]. [`broker::Broker`] ties them
-//! together.
+//! Layers, top to bottom (the full table is in docs/architecture.md): [`server`],
+//! [`transport`] ([`transport::tcp`]: plain TCP accepts and the wait for CONNECT;
+//! [`transport::listener`]: TLS, WebSocket; [`transport::tls`] loads the certificates; QUIC),
+//! [`connection`] (one client: reader and writer), [`broker`] (the sans-IO core), [`router`]
+//! (topic trie and shared groups), [`retained`], [`session`] (sans-IO per-client state).
+//! [`broker::Broker`] ties them together.
 
 pub mod auth;
 pub mod balance;

@@ -29,4 +29,7 @@ pub use tokio_tungstenite;
 #[cfg(feature = "tokio")]
 pub use write_through::WriteThrough;
 #[cfg(feature = "websocket")]
+#[doc(hidden)]
+pub use ws::fuzz_ws_decode;
+#[cfg(feature = "websocket")]
 pub use ws::WsStream;

@@ -53,9 +53,9 @@ pub(crate) struct Inbound<'a> {
     durable: Option<Box<Durable>>,
     /// Which topics this client may use.
     acl: ConnectionAcl<'a>,
-    /// The client's publish rate.
     /// `[limits]` and `[session]` as they were when the client connected.
     live: Arc<Live>,
+    /// The client's publish rate.
     limiter: PublishLimiter,
     /// Not reading from the client: over its publish rate, the memory alarm is raised, or a
     /// SUBSCRIBE waits for the cluster.

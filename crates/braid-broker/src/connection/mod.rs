@@ -40,10 +40,10 @@ const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: u64 = 64 * 1024;
 
 /// Serves one client of `transport`'s listener on `rd`/`wr` until it disconnects, misbehaves,
-/// is taken over or the broker shuts down (plain TCP goes through [`tcp::serve`], which can
-/// also park). `verified_username` is a name the transport has already established (a verified
-/// TLS client certificate's): authentication accepts it without looking at the CONNECT's
-/// credentials.
+/// is taken over or the broker shuts down (plain TCP goes through
+/// [`crate::transport::tcp::serve`], which can also park). `verified_username` is a name the
+/// transport has already established (a verified TLS client certificate's): authentication
+/// accepts it without looking at the CONNECT's credentials.
 pub async fn serve_verified<R, W>(
     broker: Arc<Broker>,
     rd: R,

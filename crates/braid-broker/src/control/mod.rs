@@ -1,14 +1,14 @@
 //! The handle through which anything outside a connection's task reaches it. Five small state
-//! machines, each in its own file, make it up:
+//! machines make it up, four of them in their own files:
 //!
-//! - [`signal`]: the task's wake-up (deliveries ready, a close, a park or handover request);
-//! - the close request: the first reason given wins;
-//! - [`liveness`]: the clocks and flags the broker's sweep reads (keep alive, idleness,
+//! - `signal.rs`: the task's wake-up (deliveries ready, a close, a park or handover request);
+//! - the close request (here): the first reason given wins;
+//! - `liveness.rs`: the clocks and flags the broker's sweep reads (keep alive, idleness,
 //!   parking, closing), in a slot of the broker's [`LivenessTable`] rather than here, so that
 //!   the sweep scans them without reaching each connection;
-//! - [`parking`]: the parking state of an idle connection (see [`crate::transport::tcp::park`]);
-//! - [`handover`]: a takeover's request to read what already arrived first (see
-//!   [`crate::connection::handover`]).
+//! - `parking.rs`: the parking state of an idle connection (see [`crate::transport::tcp::park`]);
+//! - `handover.rs`: a takeover's request to read what already arrived first (see
+//!   `connection/handover.rs`).
 //!
 //! One small struct, so an idle connection waits on a single notification, or on nothing at
 //! all once parked.
@@ -235,7 +235,7 @@ impl ConnControl {
 
     /// The connection has handled what its client sent before it was asked to hand over, or
     /// the broker has finished with it (its disconnect handled, session ended or kept, or it
-    /// was taken over): a CONNECT waiting in [`crate::connection::handover`] may go on.
+    /// was taken over): a CONNECT waiting in `connection/handover.rs` may go on.
     pub fn hand_over(&self) {
         self.handover.done();
     }

@@ -1,5 +1,5 @@
 //! Routing: which sessions a message goes to. A topic trie holds normal subscriptions and
-//! shared-subscription groups; [`shared`] picks one member of a group per message. Overlapping
+//! shared-subscription groups; `shared.rs` picks one member of a group per message. Overlapping
 //! subscriptions of one session may be merged into one delivery (see [`Router::route`]).
 
 mod entry;
@@ -699,3 +699,6 @@ mod tests {
         assert_eq!(counts(&mut r), [0; 5]);
     }
 }
+
+#[cfg(test)]
+mod proptests;

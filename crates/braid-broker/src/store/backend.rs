@@ -133,7 +133,7 @@ pub struct RecoveredSession {
     pub held_remote: Vec<RemoteId>,
     /// Those of its deliveries that came through shared subscriptions, read back (a cluster's
     /// store fills this in when a node takes over a gone node's sessions: they may go to
-    /// other members, see [`crate::broker::Broker::adopt`]).
+    /// other members, see [`crate::broker::ClusterSide::adopt`]).
     pub shared: Vec<Stored>,
 }
 

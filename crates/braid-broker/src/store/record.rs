@@ -256,7 +256,8 @@ pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
         return Err("session record holds no CONNECT".into());
     };
     let n = r.u32()?;
-    let mut subscriptions = Vec::with_capacity(n as usize);
+    // Each takes at least its 4-byte length: a damaged count allocates no more than the body holds.
+    let mut subscriptions = Vec::with_capacity((n as usize).min(r.0.len() / 4));
     for _ in 0..n {
         let Packet::Subscribe(s) = get_packet(r.blob()?)? else {
             return Err("session record holds no SUBSCRIBE".into());
@@ -403,6 +404,22 @@ mod tests {
         let (_, back) = read_append(&append(1, 9, &d, &clock), &clock).unwrap();
         assert_eq!((back.qos, back.group), (QoS::AtLeastOnce, None));
         assert_eq!(back.sub_ids.as_slice(), &[3, 5]);
+    }
+
+    #[test]
+    fn a_damaged_subscription_count_is_an_error_not_an_allocation() {
+        let r = SessionRecord {
+            id: 1,
+            client_id: ByteString::from_static("c"),
+            expiry_secs: 0,
+            will: None,
+            subscriptions: Vec::new(),
+            offline_since: None,
+        };
+        let mut body = session(&r);
+        let at = body.len() - 4;
+        body[at..].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(read_session(&body).err().as_deref(), Some("record body too short"));
     }
 
     #[test]

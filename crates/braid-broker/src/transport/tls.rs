@@ -3,7 +3,7 @@
 //! files change or on SIGHUP, and the user name a client certificate carries.
 //!
 //! The TLS and WSS listeners take their config from here; the QUIC listener loads its own
-//! certificate files (`[quic]`) with the same [`load_pair`].
+//! certificate files (`[quic]`) with the same `load_pair`.
 
 use std::io;
 use std::path::{Path, PathBuf};

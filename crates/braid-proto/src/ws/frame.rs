@@ -313,6 +313,29 @@ pub(crate) fn encode(out: &mut Vec<u8>, role: Role, opcode: u8, payload: &[u8]) 
     unmask(out, start, start, payload.len(), mask);
 }
 
+/// For the fuzz target `fuzz/fuzz_targets/ws_frame.rs`, not an API: decodes `wire`, the frames
+/// a client (`from_client`) or a server sends, in reads of `read` bytes, refusing messages over
+/// `max_message` bytes. Returns the payload handed on and, at the end, the reply to a close
+/// frame if one arrived, or the status code of the violation that stopped decoding.
+#[doc(hidden)]
+pub fn fuzz_ws_decode(
+    wire: &[u8],
+    from_client: bool,
+    max_message: u64,
+    read: usize,
+) -> (Vec<u8>, Result<Option<Vec<u8>>, u16>) {
+    let mut d = Decoder::new(if from_client { Role::Server } else { Role::Client }, max_message);
+    let mut payload = Vec::new();
+    for chunk in wire.chunks(read.max(1)) {
+        let mut buf = chunk.to_vec();
+        match d.decode(&mut buf) {
+            Ok(n) => payload.extend_from_slice(&buf[..n]),
+            Err(v) => return (payload, Err(v.code)),
+        }
+    }
+    (payload, Ok(d.take_close_reply()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

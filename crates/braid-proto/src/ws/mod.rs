@@ -13,6 +13,9 @@
 mod frame;
 mod upgrade;
 
+#[doc(hidden)]
+pub use frame::fuzz_ws_decode;
+
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};

@@ -206,8 +206,9 @@ struct OpenError {
     acked: bool,
 }
 
-/// A `--max-connecting` permit taken with [`Semaphore::forget`], given back when dropped: the
-/// ramp takes it before it spawns a client, so that only clients connecting or connected exist.
+/// A `--max-connecting` permit, taken and forgotten ([`tokio::sync::SemaphorePermit::forget`]),
+/// given back when dropped: the ramp takes it before it spawns a client, so that only clients
+/// connecting or connected exist.
 struct Slot<'a>(&'a Semaphore);
 
 impl Drop for Slot<'_> {
