@@ -1,9 +1,9 @@
-//! The disk store: an append-only log of records in 64 MiB segment files under `data_dir`,
-//! written by one thread that takes every change submitted since its last write as one batch,
-//! writes it and (sync durability) fsyncs it before announcing the batch durable: group
-//! commit. An index in memory maps each live record to its place on disk; a segment whose
-//! records are all dead is deleted, oldest first, and the oldest segment is compacted (its few
-//! live records copied to the head) when it holds mostly dead ones.
+//! The disk store: an append-only log of records in segment files (64 MiB by default) under
+//! `data_dir`, written by one thread that takes every change submitted since its last write as
+//! one batch, writes it and (sync durability) fsyncs it before announcing the batch durable:
+//! group commit. An index in memory maps each live record to its place on disk; a segment
+//! whose records are all dead is deleted, oldest first, and the oldest segment is compacted
+//! (its few live records copied to the head) when it holds mostly dead ones.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -34,7 +34,8 @@ const MARKER_TEXT: &str = "braid store format 1\n";
 const SEGMENT_MAGIC: &[u8; 16] = b"BRAID-SEGMENT-1\n";
 /// Encoded records written out once the batch buffer holds this many bytes.
 const MAX_BUFFER: usize = 4 << 20;
-/// A segment is closed once it is larger than this.
+/// A segment is closed once it is larger than this, unless the store is opened with another
+/// size ([`DiskStore::open_with_segment_size`]).
 const SEGMENT_SIZE: u64 = 64 << 20;
 
 /// Place of one record.
@@ -109,10 +110,20 @@ impl DiskStore {
     /// writer. A foreign or damaged directory is refused with the file and the problem. The
     /// times records keep are converted by `clock`.
     pub fn open(config: &StoreConfig, clock: UnixClock) -> Result<DiskStore, StoreError> {
+        DiskStore::open_with_segment_size(config, clock, SEGMENT_SIZE)
+    }
+
+    /// [`DiskStore::open`], closing a segment once it is larger than `segment_size` bytes
+    /// instead of 64 MiB: small segments make rollover and compaction happen in tests.
+    pub fn open_with_segment_size(
+        config: &StoreConfig,
+        clock: UnixClock,
+        segment_size: u64,
+    ) -> Result<DiskStore, StoreError> {
         let started = Instant::now();
         let dir = config.data_dir.clone();
         let lock = prepare_dir(&dir)?;
-        let mut log = Log::open(&dir, lock, clock)?;
+        let mut log = Log::open(&dir, lock, clock, segment_size)?;
         let recovered = log.recover()?;
         info!(
             dir = %dir.display(),
@@ -237,6 +248,8 @@ struct Log {
     dir: PathBuf,
     segs: BTreeMap<u32, Segment>,
     head: u32,
+    /// The head is closed once it is larger than this.
+    segment_size: u64,
     /// Encoded records not yet written; they belong at the end of the head segment.
     buf: Vec<u8>,
     index: Index,
@@ -246,11 +259,12 @@ struct Log {
 }
 
 impl Log {
-    fn open(dir: &Path, lock: File, clock: UnixClock) -> Result<Log, StoreError> {
+    fn open(dir: &Path, lock: File, clock: UnixClock, segment_size: u64) -> Result<Log, StoreError> {
         Ok(Log {
             dir: dir.into(),
             segs: BTreeMap::new(),
             head: 0,
+            segment_size,
             buf: Vec::new(),
             index: Index::default(),
             clock,
@@ -622,7 +636,7 @@ impl Log {
     /// the oldest on, and compacts the oldest one when most of it is dead.
     fn maintain(&mut self) -> io::Result<()> {
         let head_size = self.segs.get(&self.head).map_or(0, |s| s.size);
-        if head_size < SEGMENT_SIZE {
+        if head_size < self.segment_size {
             return Ok(());
         }
         self.sync()?;
@@ -644,69 +658,66 @@ impl Log {
     }
 
     /// Copies the live records of segment `n` to the head (written and synced before `n` is
-    /// deleted).
+    /// deleted). One pass over the index finds them, each with the key of its index entry, so
+    /// a compaction costs that pass plus one lookup per record moved.
     fn relocate(&mut self, n: u32) -> io::Result<()> {
-        let bad = |e: String| io::Error::other(e);
-        let mut moves: Vec<Move> = Vec::new();
+        let mut moves: Vec<(Loc, Owner)> = Vec::new();
         for (&id, s) in &self.index.sessions {
-            moves.extend(s.meta.filter(|l| l.seg == n).map(|l| (l, None)));
+            moves.extend(s.meta.filter(|l| l.seg == n).map(|l| (l, Owner::Meta(id))));
             moves.extend(
                 s.msgs
                     .iter()
                     .filter(|(_, m)| m.loc.seg == n)
-                    .map(|(seq, m)| (m.loc, Some((id, *seq, m.stage)))),
+                    .map(|(&seq, m)| (m.loc, Owner::Msg { session: id, seq, stage: m.stage })),
             );
-            moves.extend(s.qos2.values().filter(|l| l.seg == n).map(|l| (*l, None)));
+            moves.extend(
+                s.qos2
+                    .iter()
+                    .filter(|(_, l)| l.seg == n)
+                    .map(|(&packet_id, l)| (*l, Owner::Qos2 { session: id, packet_id })),
+            );
         }
-        moves.extend(self.index.retained.values().filter(|l| l.seg == n).map(|l| (*l, None)));
-        for (loc, msg) in moves {
+        moves.extend(
+            self.index
+                .retained
+                .iter()
+                .filter(|(_, l)| l.seg == n)
+                .map(|(t, l)| (*l, Owner::Retained(t.clone()))),
+        );
+        for (loc, owner) in moves {
             let frame = self.read(loc)?;
-            let Some((k, body, _)) = record::unframe(&frame).map_err(bad)? else { continue };
-            let body = body.to_vec();
-            let new = self.put(k, &body);
+            let Some((k, body, _)) = record::unframe(&frame).map_err(io::Error::other)? else { continue };
+            let new = self.put(k, body);
             live(&mut self.segs, loc, false);
             live(&mut self.segs, new, true);
-            if let Some((id, seq, stage)) = msg {
+            if let Owner::Msg { session, seq, stage } = owner {
                 if stage != Stage::Queued {
-                    self.put(kind::STAGE, &record::stage(id, seq, stage));
+                    self.put(kind::STAGE, &record::stage(session, seq, stage));
                 }
             }
-            self.relink(k, &body, loc, new).map_err(bad)?;
+            self.relink(owner, new);
         }
         self.write()?;
         self.sync()
     }
 
-    /// Points the index entry of the record moved from `old` to `new`.
-    fn relink(&mut self, k: u8, body: &[u8], old: Loc, new: Loc) -> Result<(), String> {
-        let same = |l: &Loc| l.seg == old.seg && l.off == old.off;
-        match k {
-            kind::SESSION => {
-                let id = record::Reader(body).u64()?;
-                if let Some(s) = self.index.sessions.get_mut(&id) {
-                    s.meta = Some(new);
-                }
+    /// Points the index entry of `owner`, whose record was copied to `new`, there: a lookup by
+    /// its key, not a search of the index.
+    fn relink(&mut self, owner: Owner, new: Loc) {
+        let idx = &mut self.index;
+        let entry = match owner {
+            Owner::Meta(id) => idx.sessions.get_mut(&id).and_then(|s| s.meta.as_mut()),
+            Owner::Msg { session, seq, .. } => {
+                idx.sessions.get_mut(&session).and_then(|s| s.msgs.get_mut(&seq)).map(|m| &mut m.loc)
             }
-            kind::APPEND => {
-                let (id, seq) = record::session_seq(body)?;
-                if let Some(m) = self.index.sessions.get_mut(&id).and_then(|s| s.msgs.get_mut(&seq)) {
-                    m.loc = new;
-                }
+            Owner::Qos2 { session, packet_id } => {
+                idx.sessions.get_mut(&session).and_then(|s| s.qos2.get_mut(&packet_id))
             }
-            kind::QOS2 => {
-                let (id, packet_id, _) = record::read_qos2(body)?;
-                if let Some(l) = self.index.sessions.get_mut(&id).and_then(|s| s.qos2.get_mut(&packet_id)) {
-                    *l = new;
-                }
-            }
-            kind::RETAIN => {
-                if let Some(l) = self.index.retained.values_mut().find(|l| same(l)) {
-                    *l = new;
-                }
-            }
-            _ => {}
+            Owner::Retained(topic) => idx.retained.get_mut(&topic),
+        };
+        if let Some(loc) = entry {
+            *loc = new;
         }
-        Ok(())
     }
 
     /// The writer loop: one batch per turn, fsynced per batch (sync) or every `interval`.
@@ -764,19 +775,30 @@ impl Log {
 }
 
 /// True if `rest`, from a record that does not read back to the end of the last segment,
-/// looks like a write the crash cut short: the record runs past the end, the rest is zeros
-/// (space the file system allocated but never wrote), or the bad record is the very last one.
-/// Anything else is damage, and the store refuses to start rather than drop what follows.
+/// looks like a write the crash cut short: nothing but zeros follows the bad record's end
+/// (it runs past the end of the file, or the file ends in zeros, space the file system
+/// allocated but never wrote, which may begin inside the record or before it). Anything else
+/// is damage, and the store refuses to start rather than drop what follows.
 fn torn_tail(rest: &[u8]) -> bool {
-    if rest.len() < record::FRAME_HEADER || rest.iter().all(|b| *b == 0) {
+    if rest.len() < record::FRAME_HEADER {
         return true;
     }
     let len = u32::from_le_bytes(rest[..4].try_into().unwrap_or_default()) as usize;
-    record::FRAME_HEADER + len >= rest.len()
+    let written = rest.iter().rposition(|b| *b != 0).map_or(0, |last| last + 1);
+    written <= record::FRAME_HEADER + len
 }
 
-/// A record to relocate, with session, sequence number and stage when it is a delivery.
-type Move = (Loc, Option<(u64, u64, Stage)>);
+/// The index entry of a record being relocated.
+enum Owner {
+    /// A session's metadata.
+    Meta(u64),
+    /// A delivery, with its stage (rewritten after the copy unless queued).
+    Msg { session: u64, seq: u64, stage: Stage },
+    /// An inbound QoS 2 packet id.
+    Qos2 { session: u64, packet_id: u16 },
+    /// A retained message.
+    Retained(ByteString),
+}
 
 /// Counts a record as live (or no longer) in its segment.
 fn live(segs: &mut BTreeMap<u32, Segment>, loc: Loc, on: bool) {
@@ -898,6 +920,31 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_record_cut_short_into_zeros_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
+            for topic in ["r/1", "r/2"] {
+                let msg = Message::internal(ByteString::from_static(topic), Bytes::from_static(b"x"), true);
+                store.submit(Op::Retain(msg));
+            }
+            store.close();
+        }
+        // The second record's first bytes reached the disk, the rest of it and more are zeros.
+        let segment = dir.path().join(segment_name(1));
+        let mut data = fs::read(&segment).unwrap();
+        let second = SEGMENT_MAGIC.len() + record::unframe(&data[SEGMENT_MAGIC.len()..]).unwrap().unwrap().2;
+        data.truncate(second + 6);
+        data.resize(data.len() + 100, 0);
+        fs::write(&segment, data).unwrap();
+        let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
+        let found = store.take_recovered();
+        let topics: Vec<_> = found.retained.iter().map(|m| m.topic.to_string()).collect();
+        assert_eq!(topics, ["r/1"]);
+        assert_eq!(fs::metadata(&segment).unwrap().len(), second as u64);
     }
 
     #[test]
