@@ -171,12 +171,12 @@ impl Page {
 }
 
 async fn health(State(admin): Shared) -> Response {
-    let ready = !admin.broker.shutdown.is_cancelled();
+    let ready = !admin.broker.shutdown().is_cancelled();
     let body = json!({
         "status": if ready { "ok" } else { "shutting_down" },
         "live": true,
         "ready": ready,
-        "uptime_secs": admin.broker.started.elapsed().as_secs(),
+        "uptime_secs": admin.broker.started().elapsed().as_secs(),
         "version": env!("CARGO_PKG_VERSION"),
     });
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
@@ -185,7 +185,7 @@ async fn health(State(admin): Shared) -> Response {
 
 async fn stats(State(admin): Shared) -> Json<Value> {
     let b = &admin.broker;
-    let m = &b.metrics;
+    let m = &b.metrics();
     let per_transport = |f: &dyn Fn(Transport) -> u64| {
         Value::Object(Transport::ALL.iter().map(|t| (t.name().to_string(), json!(f(*t)))).collect())
     };
@@ -205,7 +205,7 @@ async fn stats(State(admin): Shared) -> Json<Value> {
     let totals = b.operators().queue_totals();
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "uptime_secs": b.started.elapsed().as_secs(),
+        "uptime_secs": b.started().elapsed().as_secs(),
         "connections": {
             "connected": Metrics::get(&m.clients_connected),
             "maximum": Metrics::get(&m.clients_maximum),
@@ -234,14 +234,14 @@ async fn stats(State(admin): Shared) -> Json<Value> {
         "publishers_held": totals.publishers_held,
         "memory": {
             "resident_bytes": braid_broker::limits::resident_memory(),
-            "alarm": b.memory.is_raised(),
+            "alarm": b.memory().is_raised(),
         },
-        "store": { "disk_bytes": b.store.stats().disk_bytes },
+        "store": { "disk_bytes": b.store().stats().disk_bytes },
     }))
 }
 
 async fn listeners(State(admin): Shared) -> Json<Value> {
-    let m = &admin.broker.metrics;
+    let m = &admin.broker.metrics();
     let mut out: Vec<Value> = admin
         .listeners
         .iter()
@@ -254,7 +254,7 @@ async fn listeners(State(admin): Shared) -> Json<Value> {
             })
         })
         .collect();
-    let scheme = if admin.broker.config.admin.tls { "https" } else { "http" };
+    let scheme = if admin.broker.config().admin.tls { "https" } else { "http" };
     out.push(json!({ "transport": scheme, "address": admin.http.to_string() }));
     Json(json!({ "data": out }))
 }
@@ -621,8 +621,8 @@ async fn publish(State(admin): Shared, Body(p): Body<NewPublish>) -> Response {
         return bad(format!("{:?}: {why}", p.topic));
     }
     let Some(qos) = QoS::from_u8(p.qos) else { return bad("qos is 0, 1 or 2".into()) };
-    if p.qos > admin.broker.config.mqtt.max_qos {
-        return bad(format!("qos {} is above mqtt.max_qos ({})", p.qos, admin.broker.config.mqtt.max_qos));
+    if p.qos > admin.broker.config().mqtt.max_qos {
+        return bad(format!("qos {} is above mqtt.max_qos ({})", p.qos, admin.broker.config().mqtt.max_qos));
     }
     let payload = match p.payload_encoding.as_deref() {
         None | Some("plain") => Bytes::from(p.payload),
@@ -632,7 +632,7 @@ async fn publish(State(admin): Shared, Body(p): Body<NewPublish>) -> Response {
         },
         Some(other) => return bad(format!("payload_encoding {other:?} is not plain or base64")),
     };
-    if payload.len() > admin.broker.config.mqtt.max_packet_size as usize {
+    if payload.len() > admin.broker.config().mqtt.max_packet_size as usize {
         return error(StatusCode::PAYLOAD_TOO_LARGE, "payload larger than mqtt.max_packet_size");
     }
     let mut properties = braid_proto::Properties::default();
@@ -662,7 +662,7 @@ async fn publish(State(admin): Shared, Body(p): Body<NewPublish>) -> Response {
     };
     let now = Instant::now();
     let msg = Message::from_publish(packet, now, 0, ByteString::from_static("$admin"));
-    admin.broker.metrics.messages_received.add(qos, 1);
+    admin.broker.metrics().messages_received.add(qos, 1);
     let published = admin.broker.publish(msg, now);
     match settle(&admin, published, qos).await {
         Ok(reason) => Json(json!({ "topic": p.topic, "qos": p.qos, "reason": reason })).into_response(),
@@ -680,7 +680,7 @@ async fn settle(
     if qos == QoS::AtMostOnce {
         return Ok(ReasonCode::Success.description());
     }
-    let store = &admin.broker.store;
+    let store = &admin.broker.store();
     let wait = async {
         if store.sync() && published.ticket > 0 {
             let mut durable = store.durable();
@@ -717,7 +717,7 @@ fn reported(admin: &Admin, collection: &str) -> Vec<Value> {
 async fn nodes(State(admin): Shared) -> Json<Value> {
     let mut data = reported(&admin, "nodes");
     if data.is_empty() {
-        let by = &admin.broker.metrics.connected_by_transport;
+        let by = &admin.broker.metrics().connected_by_transport;
         let connections: u64 = Transport::ALL.iter().map(|t| Metrics::get(by.get(*t))).sum();
         data.push(json!({
             "name": "local", "this_node": true, "state": "up", "clustered": false,
@@ -858,7 +858,7 @@ fn trace_json(t: &Trace, now: Instant) -> Value {
 
 async fn traces(State(admin): Shared) -> Json<Value> {
     let now = Instant::now();
-    let data: Vec<Value> = admin.broker.tracer.list().iter().map(|t| trace_json(t, now)).collect();
+    let data: Vec<Value> = admin.broker.tracer().list().iter().map(|t| trace_json(t, now)).collect();
     Json(json!({ "data": data }))
 }
 
@@ -877,11 +877,11 @@ async fn start_trace(State(admin): Shared, Body(t): Body<NewTrace>) -> Response 
     if !(1..=MAX_TRACE_SECS).contains(&t.duration_secs) {
         return bad(format!("duration_secs is 1 to {MAX_TRACE_SECS}"));
     }
-    let config = &admin.broker.config;
+    let config = &admin.broker.config();
     let dir = config.admin.trace_dir.clone().unwrap_or_else(|| config.store.data_dir.join("traces"));
     let now = Instant::now();
     let until = now + Duration::from_secs(t.duration_secs);
-    let trace = match admin.broker.tracer.start(&t.name, target, &dir, until) {
+    let trace = match admin.broker.tracer().start(&t.name, target, &dir, until) {
         Ok(trace) => trace,
         Err(e) if e.contains("is running") => return error(StatusCode::CONFLICT, e),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write the trace: {e}")),
@@ -891,18 +891,18 @@ async fn start_trace(State(admin): Shared, Body(t): Body<NewTrace>) -> Response 
     tokio::spawn(async move {
         tokio::select! {
             _ = tokio::time::sleep_until(until.into()) => {}
-            _ = broker.shutdown.cancelled() => {}
+            _ = broker.shutdown().cancelled() => {}
         }
         // Stopped here unless stopped (and maybe started again under its name) before.
-        if broker.tracer.list().iter().any(|t| Arc::ptr_eq(t, &started)) {
-            broker.tracer.stop(&started.name);
+        if broker.tracer().list().iter().any(|t| Arc::ptr_eq(t, &started)) {
+            broker.tracer().stop(&started.name);
         }
     });
     (StatusCode::CREATED, Json(trace_json(&trace, now))).into_response()
 }
 
 async fn stop_trace(State(admin): Shared, Path(name): Path<String>) -> Response {
-    match admin.broker.tracer.stop(&name) {
+    match admin.broker.tracer().stop(&name) {
         Some(t) => Json(trace_json(&t, Instant::now())).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no trace named {name:?} is running")),
     }
@@ -910,7 +910,7 @@ async fn stop_trace(State(admin): Shared, Path(name): Path<String>) -> Response 
 
 /// The file of a running trace, as it is now.
 async fn trace_log(State(admin): Shared, Path(name): Path<String>) -> Response {
-    let Some(t) = admin.broker.tracer.list().into_iter().find(|t| t.name == name) else {
+    let Some(t) = admin.broker.tracer().list().into_iter().find(|t| t.name == name) else {
         return error(StatusCode::NOT_FOUND, format!("no trace named {name:?} is running"));
     };
     match tokio::fs::read_to_string(&t.path).await {

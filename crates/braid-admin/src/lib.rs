@@ -85,7 +85,7 @@ impl AdminListener {
         mqtt: Vec<(Transport, SocketAddr)>,
         reloads: Option<tokio::sync::watch::Receiver<Reloaded>>,
     ) -> io::Result<Option<AdminListener>> {
-        let config = &broker.config;
+        let config = &broker.config();
         let Some(addr) = config.listeners.http else { return Ok(None) };
         let invalid = |key: &str, e: &dyn std::fmt::Display| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"))
@@ -129,7 +129,7 @@ impl AdminListener {
             );
         }
         if let Some(tls) = &self.tls {
-            tokio::spawn(tls.clone().watch(broker.shutdown.clone()));
+            tokio::spawn(tls.clone().watch(broker.shutdown().clone()));
         }
         if self.admin.keys.is_some() {
             tokio::spawn(reload_keys_on_sighup(self.admin.clone()));
@@ -145,9 +145,9 @@ impl AdminListener {
                         continue;
                     }
                 },
-                _ = broker.shutdown.cancelled() => return,
+                _ = broker.shutdown().cancelled() => return,
             };
-            let (app, tls, shutdown) = (app.clone(), self.tls.clone(), broker.shutdown.clone());
+            let (app, tls, shutdown) = (app.clone(), self.tls.clone(), broker.shutdown().clone());
             tokio::spawn(async move {
                 let service = TowerToHyperService::new(app);
                 let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -177,12 +177,12 @@ impl AdminListener {
 /// Reads the API keys file again on every SIGHUP; a file that does not load leaves the keys
 /// as they were.
 async fn reload_keys_on_sighup(admin: Arc<Admin>) {
-    let (Some(keys), Some(path)) = (&admin.keys, &admin.broker.config.admin.api_keys_file) else { return };
+    let (Some(keys), Some(path)) = (&admin.keys, &admin.broker.config().admin.api_keys_file) else { return };
     let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
     loop {
         tokio::select! {
             got = hup.recv() => if got.is_none() { return },
-            _ = admin.broker.shutdown.cancelled() => return,
+            _ = admin.broker.shutdown().cancelled() => return,
         }
         match ApiKeys::load(path) {
             Ok(new) => {
@@ -207,7 +207,7 @@ fn router(admin: Arc<Admin>) -> Router {
             api::error(StatusCode::METHOD_NOT_ALLOWED, "this method is not allowed here (see docs/api.md)")
         })
         .layer(axum::middleware::from_fn_with_state(admin.clone(), authenticate))
-        .layer(axum::extract::DefaultBodyLimit::max(admin.broker.config.admin.max_body_bytes))
+        .layer(axum::extract::DefaultBodyLimit::max(admin.broker.config().admin.max_body_bytes))
         .with_state(admin)
 }
 

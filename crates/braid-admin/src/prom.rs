@@ -16,7 +16,7 @@ use braid_proto::QoS;
 
 /// The broker's own samples.
 fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
-    let m = &broker.metrics;
+    let m = &broker.metrics();
     let mut out = Vec::new();
     let c = Sample::counter;
     let g = Sample::gauge;
@@ -27,7 +27,7 @@ fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
     out.push(g(
         "braid_uptime_seconds",
         "Seconds since the broker started.",
-        broker.started.elapsed().as_secs_f64(),
+        broker.started().elapsed().as_secs_f64(),
     ));
     out.push(g(
         "braid_clients_connected_max",
@@ -135,7 +135,7 @@ fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
     out.push(g(
         "braid_memory_alarm",
         "1 while memory is above limits.memory_high_watermark.",
-        f64::from(u8::from(broker.memory.is_raised())),
+        f64::from(u8::from(broker.memory().is_raised())),
     ));
     if let Some(rss) = braid_broker::limits::resident_memory() {
         out.push(g("braid_resident_memory_bytes", "Resident set size of the process.", rss as f64));
@@ -148,7 +148,7 @@ fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
 
 /// The whole exposition: the broker's samples, its store's fsync histogram, the reports'.
 pub(crate) fn render(broker: &Broker, started: Instant) -> String {
-    let store = broker.store.stats();
+    let store = broker.store().stats();
     let mut samples = broker_samples(broker, &store);
     for report in broker.operators().reports() {
         report.samples(&mut samples);

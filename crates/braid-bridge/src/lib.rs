@@ -50,7 +50,7 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
 /// are ended.
 pub async fn start(broker: &Arc<Broker>) -> Bridges {
     let mut bridges = Bridges { broker: broker.clone(), running: Vec::new() };
-    bridges.apply(&broker.config.bridges).await;
+    bridges.apply(&broker.config().bridges).await;
     bridges
 }
 
@@ -98,7 +98,7 @@ impl Bridges {
             if self.running.iter().any(|r| r.kind == kind && r.name == name) {
                 continue;
             }
-            let stop = self.broker.shutdown.child_token();
+            let stop = self.broker.shutdown().child_token();
             let restarted = changed.iter().any(|(k, n)| *k == kind && *n == name);
             match kind {
                 #[cfg(feature = "kafka")]
@@ -191,7 +191,7 @@ pub(crate) async fn connect(
 /// The client id of the in-process client `id` of a bridge: `$internal/bridge/<id>`, with
 /// `@<node>` in a cluster.
 pub(crate) fn client_id(broker: &Broker, id: &str) -> String {
-    let cluster = &broker.config.cluster;
+    let cluster = &broker.config().cluster;
     let node = if cluster.enabled { format!("@{}", cluster.node) } else { String::new() };
     format!("{}bridge/{id}{node}", in_process::RESERVED)
 }

@@ -222,7 +222,7 @@ impl Report for Watched {
 
 /// Publishes `watched`'s state and counters until it stops, then takes it off the reports.
 async fn publish(broker: Arc<Broker>, watched: Arc<Watched>) {
-    let secs = broker.config.sys.interval_secs;
+    let secs = broker.config().sys.interval_secs;
     let mut tick = tokio::time::interval(Duration::from_secs(secs.max(1)));
     loop {
         tokio::select! {

@@ -57,7 +57,7 @@ struct Conn<'b> {
 impl<'b> Harness<'b> {
     /// A harness around `broker` (made with [`Broker::new`]), its clock at the broker's start.
     pub fn new(broker: &'b Broker) -> Harness<'b> {
-        Harness { broker, now: broker.started, clients: Vec::new() }
+        Harness { broker, now: broker.started(), clients: Vec::new() }
     }
 
     /// The virtual time.
@@ -94,16 +94,16 @@ impl<'b> Harness<'b> {
     fn accept(&self, connect: &Connect) -> Result<(Conn<'b>, ConnAck), ReasonCode> {
         let broker = self.broker;
         let identity = broker
-            .security
+            .security()
             .authenticate(connect, None)
             .now_or_never()
             .expect("the harness authenticates without I/O (no HTTP authentication)")
             .map_err(|refusal| refusal.reason)?;
-        let seed = broker.security.seed(identity, &connect.client_id);
+        let seed = broker.security().seed(identity, &connect.client_id);
         let (accepted, connack, restore) =
             broker.connect(connect, broker.listener_limits(Transport::Tcp), Origin::default(), self.now)?;
         assert!(restore.is_none(), "the harness runs on the memory store");
-        let acl = broker.security.resume_acl(seed, &accepted.session.client_id);
+        let acl = broker.security().resume_acl(seed, &accepted.session.client_id);
         let inbound =
             Inbound::new(broker, &accepted.session, connect.protocol, HashMap::new(), acl, self.now);
         Ok((Conn { accepted, inbound, rbuf: ReadBuffer::default() }, connack))

@@ -42,7 +42,7 @@ pub struct Running {
 impl Running {
     /// Shuts the broker down (v5 clients get DISCONNECT 0x8B) and waits until it has stopped.
     pub async fn shutdown(&mut self) {
-        self.broker.shutdown.cancel();
+        self.broker.shutdown().cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
@@ -51,7 +51,7 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.broker.shutdown.cancel();
+        self.broker.shutdown().cancel();
     }
 }
 
@@ -83,12 +83,12 @@ impl Server {
     }
 
     async fn listen(broker: Arc<Broker>) -> io::Result<Server> {
-        let addr = broker.config.listeners.tcp;
+        let addr = broker.config().listeners.tcp;
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("listeners.tcp: cannot listen on {addr}: {e}")))?;
-        let listeners = Listeners::bind(&broker.config).await?;
-        let quic = if broker.config.quic.enabled { Some(quic::bind(&broker.config)?) } else { None };
+        let listeners = Listeners::bind(broker.config()).await?;
+        let quic = if broker.config().quic.enabled { Some(quic::bind(broker.config())?) } else { None };
         Ok(Server { broker, tcp, listeners, quic })
     }
 
@@ -135,14 +135,14 @@ impl Server {
     /// (v5 clients get DISCONNECT 0x8B) and returns.
     pub async fn run(self) {
         info!(transport = "tcp", addr = %self.local_addr(), "listening for MQTT");
-        self.broker.security.log_startup();
+        self.broker.security().log_startup();
         tokio::spawn(sys::run(self.broker.clone()));
         tokio::spawn(drive_timers(self.broker.clone()));
         tokio::spawn(watch_files(self.broker.clone()));
         let broker = self.broker.clone();
-        tokio::spawn(async move { broker.memory.watch(broker.shutdown.clone()).await });
+        tokio::spawn(async move { broker.memory().watch(broker.shutdown().clone()).await });
         let connections = TaskTracker::new();
-        let lot = match self.broker.config.listeners.park_after_secs {
+        let lot = match self.broker.config().listeners.park_after_secs {
             0 => None,
             _ => match ParkingLot::start(&self.broker, connections.clone(), crate::transport::tcp::resume) {
                 Ok(lot) => Some(lot),
@@ -167,7 +167,7 @@ impl Server {
             .await;
         info!(connections = connections.len(), "shutting down");
         // A cluster node's clients may go on at another node.
-        let reason = match self.broker.config.cluster.enabled {
+        let reason = match self.broker.config().cluster.enabled {
             true => ReasonCode::UseAnotherServer,
             false => ReasonCode::ServerShuttingDown,
         };
@@ -183,22 +183,22 @@ impl Server {
             lot.stop();
         }
         // Everything submitted is written and synced before the process exits.
-        let store = self.broker.store.clone();
+        let store = self.broker.store().clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 }
 
 /// Reloads the password and ACL files when they change (`auth.reload_interval_secs`).
 async fn watch_files(broker: Arc<Broker>) {
-    let secs = broker.config.auth.reload_interval_secs;
+    let secs = broker.config().auth.reload_interval_secs;
     if secs == 0 {
         return;
     }
     let mut tick = tokio::time::interval(Duration::from_secs(secs));
     loop {
         tokio::select! {
-            _ = tick.tick() => broker.security.reload(false),
-            _ = broker.shutdown.cancelled() => return,
+            _ = tick.tick() => broker.security().reload(false),
+            _ = broker.shutdown().cancelled() => return,
         }
     }
 }
@@ -216,8 +216,8 @@ async fn drive_timers(broker: Arc<Broker>) {
         };
         tokio::select! {
             () = due => {}
-            () = broker.timers_changed.notified() => {}
-            _ = broker.shutdown.cancelled() => return,
+            () = broker.timers_changed().notified() => {}
+            _ = broker.shutdown().cancelled() => return,
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::metrics::Metrics;
 
 /// Publishes `$SYS` topics until shutdown; returns at once if the interval is 0.
 pub(crate) async fn run(broker: Arc<Broker>) {
-    let secs = broker.config.sys.interval_secs;
+    let secs = broker.config().sys.interval_secs;
     if secs == 0 {
         return;
     }
@@ -22,7 +22,7 @@ pub(crate) async fn run(broker: Arc<Broker>) {
     loop {
         tokio::select! {
             _ = tick.tick() => publish_all(&broker),
-            _ = broker.shutdown.cancelled() => return,
+            _ = broker.shutdown().cancelled() => return,
         }
     }
 }
@@ -34,11 +34,11 @@ fn publish(broker: &Broker, topic: &'static str, value: String) {
 
 fn publish_all(broker: &Broker) {
     broker.purge_expired_retained(Instant::now());
-    let m = &broker.metrics;
+    let m = &broker.metrics();
     let (sessions, subscriptions, retained) = broker.counts();
     let connected = Metrics::get(&m.clients_connected);
     let values = [
-        ("$SYS/broker/uptime", format!("{} seconds", broker.started.elapsed().as_secs())),
+        ("$SYS/broker/uptime", format!("{} seconds", broker.started().elapsed().as_secs())),
         ("$SYS/broker/clients/connected", connected.to_string()),
         ("$SYS/broker/clients/disconnected", sessions.saturating_sub(connected as usize).to_string()),
         ("$SYS/broker/clients/total", sessions.max(connected as usize).to_string()),
@@ -53,7 +53,7 @@ fn publish_all(broker: &Broker) {
             "$SYS/broker/connections/refused",
             (Metrics::get(&m.connections_refused) + Metrics::get(&m.connections_refused_fd)).to_string(),
         ),
-        ("$SYS/broker/memory/alarm", u8::from(broker.memory.is_raised()).to_string()),
+        ("$SYS/broker/memory/alarm", u8::from(broker.memory().is_raised()).to_string()),
         ("$SYS/broker/bytes/received", Metrics::get(&m.bytes_received).to_string()),
         ("$SYS/broker/bytes/sent", Metrics::get(&m.bytes_sent).to_string()),
         ("$SYS/broker/subscriptions/count", subscriptions.to_string()),

@@ -40,7 +40,7 @@ fn user(client_id: &str, name: &str) -> Connect {
 }
 
 fn denied(b: &TestBroker) -> u64 {
-    braid_broker::metrics::Metrics::get(&b.broker.metrics.publishes_denied)
+    braid_broker::metrics::Metrics::get(&b.broker.metrics().publishes_denied)
 }
 
 async fn suback(c: &mut TestClient, filters: &[&str]) -> Vec<ReasonCode> {

@@ -79,7 +79,7 @@ async fn password_file_checks_users_and_reloads_without_restart() {
     assert_eq!(connack(b.addr, V5, unknown).await, BadUserNameOrPassword);
 
     // Add bob and change alice's password: picked up without a restart.
-    let reads = b.broker.security.file_reads();
+    let reads = b.broker.security().file_reads();
     password_file(dir.path(), &[("alice", "new-pass"), ("bob", "builder")]);
     read_again(&b, reads).await;
     let bob = with_credentials("b1", Some("bob"), Some(b"builder"));
@@ -88,7 +88,7 @@ async fn password_file_checks_users_and_reloads_without_restart() {
     assert_eq!(connack(b.addr, V5, old).await, BadUserNameOrPassword);
     // A file that no longer parses (replaced whole, as `password_file` does) keeps the previous
     // users: checked once the broker has read it, not after a guess at how long that takes.
-    let reads = b.broker.security.file_reads();
+    let reads = b.broker.security().file_reads();
     let bad = dir.path().join("passwd.new");
     std::fs::write(&bad, "bob\n").unwrap();
     std::fs::rename(&bad, &path).unwrap();
@@ -100,7 +100,7 @@ async fn password_file_checks_users_and_reloads_without_restart() {
 /// (`auth.reload_interval_secs` after the change).
 async fn read_again(b: &TestBroker, reads: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while b.broker.security.file_reads() == reads {
+    while b.broker.security().file_reads() == reads {
         assert!(tokio::time::Instant::now() < deadline, "password file not read again within 5 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

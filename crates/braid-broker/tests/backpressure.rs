@@ -62,7 +62,7 @@ async fn fan_in_overload_holds_publishers_and_loses_nothing_acknowledged() {
     sub.expect_nothing(QUIET).await;
     assert_eq!(b.dropped(), 0, "backpressure drops nothing");
     assert!(
-        b.broker.metrics.publishes_held.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        b.broker.metrics().publishes_held.load(std::sync::atomic::Ordering::Relaxed) > 0,
         "publishers were held"
     );
 }
@@ -282,7 +282,7 @@ async fn a_stuck_subscriber_paces_qos0_publishers_only_for_the_pacing_time() {
     publisher.await.expect("the publisher got through: the stuck subscriber let it go");
     assert_eq!(got, (0..200).collect::<Vec<_>>(), "the healthy subscriber got every message");
     assert!(b.dropped() > 0, "the stuck subscriber's queue overflowed");
-    let held = b.broker.metrics.publishes_held.load(std::sync::atomic::Ordering::Relaxed);
+    let held = b.broker.metrics().publishes_held.load(std::sync::atomic::Ordering::Relaxed);
     assert!(held > 0, "the publisher was paced at first");
     assert!(started.elapsed() >= Duration::from_millis(200), "paced for the pacing time");
 }

@@ -23,7 +23,7 @@ fn connect_bytes(id: &str, keep_alive: u16) -> BytesMut {
 }
 
 fn connected(b: &TestBroker) -> u64 {
-    Metrics::get(&b.broker.metrics.clients_connected)
+    Metrics::get(&b.broker.metrics().clients_connected)
 }
 
 async fn wait_until(what: &str, within: Duration, f: impl Fn() -> bool) {

@@ -12,7 +12,7 @@ async fn assert_one_more_is_refused(b: &TestBroker, id: &str) {
     let mut extra = TestClient::open(b.addr, V5).await;
     extra.try_send_raw(&encode_packet(&Packet::Connect(Box::new(connect_packet(id, true))), V5)).await;
     assert_eq!(extra.expect_closed().await, None, "closed without CONNACK");
-    assert_eq!(braid_broker::metrics::Metrics::get(&b.broker.metrics.connections_refused), 1);
+    assert_eq!(braid_broker::metrics::Metrics::get(&b.broker.metrics().connections_refused), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,7 @@ async fn publishers_pause_above_the_high_watermark_and_resume_below() {
     publisher.publish_and_ack("m", QoS::AtLeastOnce, b"before", 1).await;
 
     let ballast = vec![1u8; BALLAST];
-    wait_for("alarm raised", || b.broker.memory.is_raised()).await;
+    wait_for("alarm raised", || b.broker.memory().is_raised()).await;
     loop {
         let p = watcher.expect_publish().await;
         if &p.payload[..] == b"1" {
@@ -51,7 +51,7 @@ async fn publishers_pause_above_the_high_watermark_and_resume_below() {
 
     assert_eq!(ballast.iter().map(|&b| b as usize).step_by(4096).sum::<usize>(), BALLAST / 4096);
     drop(ballast);
-    wait_for("alarm cleared", || !b.broker.memory.is_raised()).await;
+    wait_for("alarm cleared", || !b.broker.memory().is_raised()).await;
     match publisher.expect_packet().await {
         Packet::PubAck(a) => assert_eq!(a.packet_id, 3),
         other => panic!("expected PUBACK 3, got {other:?}"),

@@ -126,17 +126,17 @@ fn a_remote_member_of_a_shared_group_takes_turns_and_is_passed_over_while_full()
     assert_eq!(got[0].2, Scope { plain: false, groups: vec!["g".into()] }, "for its group only");
 
     recorder.full.store(true, Ordering::Relaxed);
-    let dropped = b.metrics.messages_dropped();
+    let dropped = b.metrics().messages_dropped();
     for id in 5..=8 {
         publish_from(&mut h, p, "jobs", QoS::AtLeastOnce, id);
     }
     assert_eq!(to_local(&mut h), 4, "a member that cannot accept is passed over");
-    assert_eq!(b.metrics.messages_dropped(), dropped, "nothing dropped on the way");
+    assert_eq!(b.metrics().messages_dropped(), dropped, "nothing dropped on the way");
 
     // A normal subscription of a full sink: what it refuses is counted as dropped.
     b.remotes().subscribe_remote(&remote, "jobs", options(QoS::AtLeastOnce)).unwrap();
     publish_from(&mut h, p, "jobs", QoS::AtLeastOnce, 9);
-    assert_eq!(b.metrics.messages_dropped(), dropped + 1);
+    assert_eq!(b.metrics().messages_dropped(), dropped + 1);
 }
 
 #[test]

@@ -350,7 +350,7 @@ async fn dropping_every_handle_disconnects_normally() {
     // A normal DISCONNECT: no will.
     expect_no_event(&watcher).await;
     eventually("the broker to see the client go", || {
-        braid_broker::metrics::Metrics::get(&b.broker.metrics.clients_connected) == 1
+        braid_broker::metrics::Metrics::get(&b.broker.metrics().clients_connected) == 1
     })
     .await;
 }

@@ -333,7 +333,7 @@ pub(crate) fn start(shared: &Arc<Shared>, broker: &Arc<Broker>) {
     let config = &shared.config;
     let advertise = shared.links.as_ref().map(|l| l.advertise.as_str());
     let advertise = advertise.or(Some(config.advertise.as_str()).filter(|a| !a.is_empty()));
-    match server_reference(&config.server_reference, broker.config.listeners.tcp, advertise) {
+    match server_reference(&config.server_reference, broker.config().listeners.tcp, advertise) {
         Some(reference) => shared.balance.set_reference(reference),
         None => tracing::warn!(
             "cluster: no address to send clients to this node (the TCP listener's port is 0, or no host \
@@ -368,7 +368,7 @@ async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
         tokio::select! {
             _ = tokio::time::sleep_until(wake.into()) => {}
             _ = shared.balance.nudge.notified() => next_read = Instant::now(),
-            _ = broker.shutdown.cancelled() => return,
+            _ = broker.shutdown().cancelled() => return,
         }
     }
 }
@@ -393,7 +393,7 @@ fn forget(shared: &Shared, all: bool) -> Vec<redis::Cmd> {
 
 /// This node's connections through its listeners (in-process clients left out).
 fn connections(broker: &Broker) -> u64 {
-    let by = &broker.metrics.connected_by_transport;
+    let by = &broker.metrics().connected_by_transport;
     Transport::ALL.iter().map(|t| Metrics::get(by.get(*t))).sum()
 }
 

@@ -29,7 +29,7 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = broker.shutdown.cancelled() => break,
+            _ = broker.shutdown().cancelled() => break,
         }
         match membership::renew(&shared, &mut conn).await {
             Ok(Renewed::Held) if !rejoining => {

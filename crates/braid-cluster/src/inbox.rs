@@ -176,7 +176,7 @@ async fn read(
         let block = if backlog.ids.is_empty() && held.is_empty() { 1000 } else { 10 };
         let read = tokio::select! {
             r = ack_and_read(&mut conn, &inbox, &shared.me, &routed.ids, from, read_count(shared.config.batch), block) => r,
-            _ = broker.shutdown.cancelled() => {
+            _ = broker.shutdown().cancelled() => {
                 acknowledge(&shared, &inbox, &mut routed).await;
                 return;
             }

@@ -32,7 +32,7 @@ pub(crate) async fn run(shared: Arc<Shared>, broker: Arc<Broker>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = broker.shutdown.cancelled() => return,
+            _ = broker.shutdown().cancelled() => return,
         }
         if !shared.serving() {
             continue;

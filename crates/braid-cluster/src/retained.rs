@@ -66,7 +66,7 @@ pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>, mut from: S
     loop {
         let read = tokio::select! {
             r = read_log(&mut conn, &stream, &from) => r,
-            _ = broker.shutdown.cancelled() => return,
+            _ = broker.shutdown().cancelled() => return,
         };
         match read {
             Ok(entries) => {

@@ -282,7 +282,7 @@ pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>) {
                 log_failure("reading routes", &mut failing, &e);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                    _ = broker.shutdown.cancelled() => return,
+                    _ = broker.shutdown().cancelled() => return,
                 }
             }
         };
@@ -293,7 +293,7 @@ pub(crate) async fn follow(shared: Arc<Shared>, broker: Arc<Broker>) {
         loop {
             let read = tokio::select! {
                 r = read_log(&mut conn, &log, &from) => r,
-                _ = broker.shutdown.cancelled() => return,
+                _ = broker.shutdown().cancelled() => return,
             };
             match read {
                 Ok(entries) => {

@@ -202,7 +202,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             tokio::spawn(admin.run());
         }
         tokio::spawn(reloader.run());
-        let shutdown = server.broker().shutdown.clone();
+        let shutdown = server.broker().shutdown().clone();
         tokio::spawn(async move {
             wait_for_signal().await;
             shutdown.cancel();

@@ -47,7 +47,7 @@ impl Reloader {
         log: Option<reload::Handle<EnvFilter, Registry>>,
         bridges: braid_bridge::Bridges,
     ) -> Reloader {
-        let running = broker.config.clone();
+        let running = broker.config().clone();
         let reports = watch::Sender::new(Reloaded { seq: 0, outcome: Ok(Value::Null) });
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .inspect_err(|e| warn!("cannot watch SIGHUP: the configuration will not reload: {e}"))
@@ -66,7 +66,7 @@ impl Reloader {
         loop {
             tokio::select! {
                 got = hup.recv() => if got.is_none() { return },
-                _ = self.broker.shutdown.cancelled() => return,
+                _ = self.broker.shutdown().cancelled() => return,
             }
             let outcome = self.reload().await;
             match &outcome {
@@ -82,7 +82,7 @@ impl Reloader {
     /// One reload: the changed keys applied live and those that need a restart, or why the
     /// new configuration was refused.
     async fn reload(&mut self) -> Result<Value, String> {
-        self.broker.security.reload(true);
+        self.broker.security().reload(true);
         let new = Config::load(self.file.as_deref(), &self.overrides).map_err(|e| e.to_string())?;
         braid_bridge::check(&new).map_err(|e| e.to_string())?;
         let (old_keys, new_keys) = (flatten(&self.running), flatten(&new));

@@ -109,7 +109,7 @@ async fn consume(
     stop: &CancellationToken,
 ) -> Option<String> {
     let context = Context { bridge: config.name.clone(), stats: stats.clone() };
-    let cluster = &broker.config.cluster;
+    let cluster = &broker.config().cluster;
     let node = if cluster.enabled { cluster.node.as_str() } else { "" };
     let consumer: StreamConsumer<Context> =
         match consumer_config(config, group, node).create_with_context(context) {

@@ -137,7 +137,7 @@ pub(crate) fn start(broker: &Arc<Broker>, config: MqttBridgeConfig, stop: &Cance
         // Checked when the configuration loaded (`check`).
         Err(e) => return error!(bridge = %config.name, "mqtt bridge: {e}"),
     };
-    let cluster = &broker.config.cluster;
+    let cluster = &broker.config().cluster;
     let mut remote_id =
         if config.client_id.is_empty() { format!("braid-{}", config.name) } else { config.client_id.clone() };
     if cluster.enabled {

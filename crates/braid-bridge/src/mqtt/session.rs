@@ -169,7 +169,7 @@ async fn subscribe_local(b: &Bridge, local: &Client, client_id: &str) -> Result<
 /// remote refuses is logged, and the others go on.
 async fn subscribe_remote(b: &Bridge, remote: &Remote) -> Result<(), String> {
     let v5 = remote::version(&b.config.protocol_version).is_some_and(|v| v.is_v5());
-    let cluster = b.broker.config.cluster.enabled;
+    let cluster = b.broker.config().cluster.enabled;
     for (i, line) in b.lines.iter().enumerate().filter(|(_, l)| l.incoming()) {
         let shared = cluster && !line.outgoing();
         let filter = match shared {

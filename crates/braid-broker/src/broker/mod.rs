@@ -62,17 +62,17 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(500);
 pub struct Broker {
     /// The configuration as the broker started with it; `[limits]` and `[session]` as they
     /// are now (a reload may change them) are in [`Broker::live`].
-    pub config: Config,
+    config: Config,
     /// Counters for `$SYS`.
-    pub metrics: Metrics,
+    metrics: Metrics,
     /// When the broker started: the origin of the connections' activity clocks.
-    pub started: Instant,
+    started: Instant,
     /// Cancelled at shutdown: stops the listeners, timers and `$SYS`.
-    pub shutdown: CancellationToken,
+    shutdown: CancellationToken,
     /// Authentication methods and ACL rules.
-    pub security: Security,
+    security: Security,
     /// Raised while memory is above `limits.memory_high_watermark`.
-    pub memory: MemoryAlarm,
+    memory: MemoryAlarm,
     sessions: Mutex<HashSet<ById>>,
     /// Every connection's keep-alive and idleness clocks, which the connection sweep scans.
     liveness: LivenessTable<ConnControl>,
@@ -84,14 +84,14 @@ pub struct Broker {
     /// `[limits]` and `[session]` as they are now.
     live: RwLock<Arc<Live>>,
     /// Where persistent sessions and retained messages are kept.
-    pub store: Arc<dyn Store>,
+    store: Arc<dyn Store>,
     /// Notified when a connection answers a takeover or detaches (see [`crate::connection::handover`]).
-    pub(crate) handovers: Notify,
+    handovers: Notify,
     /// Will delays, session expiries and the connection sweep.
     timers: Mutex<Timers>,
     /// Notified when a timer earlier than every other was set: the runtime's wait for
     /// [`Broker::poll_timeout`] must be shortened.
-    pub timers_changed: Notify,
+    timers_changed: Notify,
     /// The Unix time at `started`: converts `now` to the wall-clock times the store keeps.
     clock: UnixClock,
     /// The cluster-wide session directory, when this broker is a node of a cluster.
@@ -101,7 +101,62 @@ pub struct Broker {
     /// The parts of the node that report to operators (bridges, the cluster membership).
     reports: RwLock<Vec<Arc<dyn Report>>>,
     /// Packet traces started by operators.
-    pub tracer: Tracer,
+    tracer: Tracer,
+}
+
+impl Broker {
+    /// The configuration as the broker started with it (`[limits]` and `[session]` as they are
+    /// now: [`Broker::live`]).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Counters for `$SYS` and `/metrics`.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// When the broker started: the origin of the connections' activity clocks.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Cancelled at shutdown: stops the listeners, timers, `$SYS`, bridges and the cluster.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Authentication methods and ACL rules.
+    pub fn security(&self) -> &Security {
+        &self.security
+    }
+
+    /// Raised while memory is above `limits.memory_high_watermark`.
+    pub fn memory(&self) -> &MemoryAlarm {
+        &self.memory
+    }
+
+    /// Where persistent sessions and retained messages are kept.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Notified when a timer earlier than every other was set: the runtime's wait for
+    /// [`Broker::poll_timeout`] must be shortened.
+    pub fn timers_changed(&self) -> &Notify {
+        &self.timers_changed
+    }
+
+    /// Packet traces started by operators.
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
+    }
+
+    /// Notified when a connection answers a takeover or detaches (see
+    /// [`crate::connection::handover`]).
+    pub(crate) fn handovers(&self) -> &Notify {
+        &self.handovers
+    }
 }
 
 /// A session holding a publisher back.

@@ -31,7 +31,7 @@ pub(crate) async fn wait(broker: &Broker, client_id: &str) {
     let deadline = tokio::time::sleep(ANSWER_WITHIN);
     tokio::pin!(deadline);
     loop {
-        let answered = broker.handovers.notified();
+        let answered = broker.handovers().notified();
         tokio::pin!(answered);
         // Registered before the look, so an answer between the look and the wait is not lost.
         answered.as_mut().enable();
@@ -53,5 +53,5 @@ pub(crate) async fn wait(broker: &Broker, client_id: &str) {
 /// A connection asked to hand over has handled what had arrived: the waiting CONNECT goes on.
 pub(crate) fn answer(broker: &Broker, ctl: &ConnControl) {
     ctl.hand_over();
-    broker.handovers.notify_waiters();
+    broker.handovers().notify_waiters();
 }

@@ -172,7 +172,7 @@ impl<'a> Inbound<'a> {
     /// True if `unreleased_qos2` of the session's QoS 2 ids plus what this connection counts
     /// exceed the Receive Maximum advertised in CONNACK.
     fn exceeds_receive_maximum(&self, unreleased_qos2: usize) -> bool {
-        unreleased_qos2 + self.window.used() > usize::from(self.broker.config.mqtt.receive_maximum)
+        unreleased_qos2 + self.window.used() > usize::from(self.broker.config().mqtt.receive_maximum)
     }
 
     /// State for a QUIC data stream `stream`: its packet ids (and so its unreleased QoS 2 ids)
@@ -256,7 +256,7 @@ impl<'a> Inbound<'a> {
         out: &mut BytesMut,
         mut check: impl FnMut(&Packet) -> Option<Flow>,
     ) -> Flow {
-        let max = self.broker.config.mqtt.max_packet_size;
+        let max = self.broker.config().mqtt.max_packet_size;
         match (self.is_held(), self.deferred.take()) {
             (false, Some(Deferred::Subscribe(s))) => self.subscribe(s, now, out),
             (false, Some(Deferred::SubAck(ack))) => self.ack_change(Packet::SubAck(ack), out),
@@ -271,8 +271,8 @@ impl<'a> Inbound<'a> {
                 Ok(None) => return Flow::Continue,
                 Err(e) => return Flow::Close(e.reason_code(), e.to_string().into()),
             };
-            if self.broker.tracer.is_active() {
-                self.broker.tracer.record(&self.session.client_id, Direction::In, &p);
+            if self.broker.tracer().is_active() {
+                self.broker.tracer().record(&self.session.client_id, Direction::In, &p);
             }
             if let Some(refused) = check(&p) {
                 return refused;
@@ -404,7 +404,7 @@ impl<'a> Inbound<'a> {
     }
 
     fn publish(&mut self, mut p: Publish, now: Instant, out: &mut BytesMut) -> Flow {
-        let cfg = &self.broker.config.mqtt;
+        let cfg = &self.broker.config().mqtt;
         if let Some(alias) = p.properties.topic_alias {
             if alias == 0 || alias > cfg.topic_alias_maximum {
                 return close(ReasonCode::TopicAliasInvalid, "topic alias 0 or above Topic Alias Maximum");
@@ -429,23 +429,24 @@ impl<'a> Inbound<'a> {
         if let Some(why) = topic_too_big(&self.live.limits, &p.topic) {
             return close(ReasonCode::TopicNameInvalid, why);
         }
-        self.broker.metrics.messages_received.add(p.qos, 1);
+        self.broker.metrics().messages_received.add(p.qos, 1);
         // Every PUBLISH, allowed or not, counts towards the rate; the pause starts after it.
         if let Some(until) = self.limiter.on_publish(p.topic.len() + p.payload.len(), now) {
             self.pause = Some(Pause::Until(until));
         }
-        if self.broker.memory.is_raised() {
+        if self.broker.memory().is_raised() {
             self.pause = Some(Pause::Memory);
         }
         let (qos, id) = (p.qos, p.packet_id);
         // Only the broker publishes under $SYS.
         if is_sys_topic(&p.topic) || !self.acl.may_publish(&p.topic) {
             // Acknowledge (v5: Not authorized) and drop; 3.1.x clients may be disconnected.
-            if !self.version.is_v5() && self.broker.config.acl.v3_denied_publish == DeniedPublish::Disconnect
+            if !self.version.is_v5()
+                && self.broker.config().acl.v3_denied_publish == DeniedPublish::Disconnect
             {
                 return close(ReasonCode::NotAuthorized, "the ACL denies publishing to this topic");
             }
-            Metrics::add(&self.broker.metrics.publishes_denied, 1);
+            Metrics::add(&self.broker.metrics().publishes_denied, 1);
             let ack = Ack::with_reason(id, ReasonCode::NotAuthorized);
             match qos {
                 QoS::AtMostOnce => {}
@@ -482,7 +483,7 @@ impl<'a> Inbound<'a> {
         ticket = ticket.max(published.ticket);
         let confirms = published.confirms;
         if !published.held.is_empty() {
-            Metrics::add(&self.broker.metrics.publishes_held, 1);
+            Metrics::add(&self.broker.metrics().publishes_held, 1);
             self.held = Some(Box::new(Held { ack, ticket, confirms, sessions: published.held, since: now }));
         } else if let Some(ack) = ack {
             self.ack_confirmed(ack, ticket, confirms, out);
@@ -514,7 +515,7 @@ impl<'a> Inbound<'a> {
         confirms: Vec<Confirm>,
         out: &mut BytesMut,
     ) {
-        let store = &self.broker.store;
+        let store = &self.broker.store();
         // Under async durability an acknowledgement does not wait for the store.
         let ticket = if store.sync() { ticket } else { 0 };
         let durable = |d: Option<&Durable>| match d {
@@ -577,7 +578,7 @@ impl<'a> Inbound<'a> {
             || self
                 .durable
                 .as_ref()
-                .is_some_and(|d| d.acks.len() >= usize::from(self.broker.config.mqtt.receive_maximum))
+                .is_some_and(|d| d.acks.len() >= usize::from(self.broker.config().mqtt.receive_maximum))
     }
 }
 
@@ -605,7 +606,7 @@ async fn release_held(held: &mut Option<Box<Held>>, slow_consumer: Duration) -> 
 async fn pause_ended(pause: &mut Option<Pause>, broker: &Broker) {
     match pause {
         Some(Pause::Until(t)) => tokio::time::sleep_until((*t).into()).await,
-        Some(Pause::Memory) => broker.memory.wait_cleared().await,
+        Some(Pause::Memory) => broker.memory().wait_cleared().await,
         Some(Pause::Cluster(waiting)) => waiting.await,
         None => std::future::pending().await,
     }

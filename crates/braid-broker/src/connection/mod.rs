@@ -79,7 +79,7 @@ where
         return;
     };
     let mut conn = Connection::new(&broker, &start.accepted, start.version, peer, start.out);
-    let acl = broker.security.resume_acl(start.acl, &start.accepted.session.client_id);
+    let acl = broker.security().resume_acl(start.acl, &start.accepted.session.client_id);
     // What the stream layer (TLS, WebSocket) holds unread cannot be seen from here.
     let ending = match conn.run(&mut rd, &mut wr, start.rbuf, HashMap::new(), acl, |_| false).await {
         Stop::End(ending) => ending,
@@ -114,12 +114,12 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut rbuf = ReadBuffer::default();
-    let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
+    let timeout = Duration::from_secs(broker.config().mqtt.connect_timeout_secs);
     // Boxed: the connect phase is short, and its timers should not stay in every task.
     let first = Box::pin(async {
         tokio::select! {
             first = tokio::time::timeout(timeout, read_connect(rd, &mut rbuf, broker)) => first,
-            _ = broker.shutdown.cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
+            _ = broker.shutdown().cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
         }
     })
     .await;
@@ -168,7 +168,7 @@ pub(crate) async fn admit(
 ) -> Result<(Accepted, ConnAck, Option<Box<AclSeed>>), ReasonCode> {
     let admitted = admit_counted(broker, connect, via, peer).await;
     if let Err(reason) = &admitted {
-        broker.metrics.connects_refused.count(*reason);
+        broker.metrics().connects_refused.count(*reason);
     }
     admitted
 }
@@ -186,7 +186,7 @@ async fn admit_counted(
             return Err(ReasonCode::ClientIdentifierNotValid);
         }
         Via::Listener { transport, verified_username } => {
-            match broker.security.authenticate(connect, verified_username.as_deref()).await {
+            match broker.security().authenticate(connect, verified_username.as_deref()).await {
                 Ok(identity) => (identity, broker.listener_limits(*transport)),
                 Err(r) => {
                     info!(%peer, %client_id, "refusing CONNECT: {} ({})", r.detail, r.reason.description());
@@ -205,9 +205,9 @@ async fn admit_counted(
         username: identity.username.as_deref().map(Box::from),
         ..Origin::default()
     };
-    let acl = broker.security.seed(identity, client_id);
+    let acl = broker.security().seed(identity, client_id);
     if let Some(will) = &connect.will {
-        if !broker.security.resume_acl(acl.clone(), client_id).may_publish(&will.topic) {
+        if !broker.security().resume_acl(acl.clone(), client_id).may_publish(&will.topic) {
             info!(%peer, %client_id, topic = %will.topic, "refusing CONNECT: the ACL denies the will topic");
             return Err(ReasonCode::NotAuthorized);
         }
@@ -306,7 +306,7 @@ pub(crate) async fn read_connect<R: AsyncRead + Unpin>(
     rbuf: &mut ReadBuffer,
     broker: &Broker,
 ) -> Result<Box<Connect>, FirstPacket> {
-    let max = broker.config.mqtt.max_packet_size;
+    let max = broker.config().mqtt.max_packet_size;
     loop {
         match decode(rbuf.bytes(), ProtocolVersion::V3_1_1, max) {
             Ok(Some(Packet::Connect(c))) => return Ok(c),
@@ -321,7 +321,7 @@ pub(crate) async fn read_connect<R: AsyncRead + Unpin>(
         }
         match rbuf.read_from(rd).await {
             Ok(0) | Err(_) => return Err(FirstPacket::Eof),
-            Ok(n) => Metrics::add(&broker.metrics.bytes_received, n as u64),
+            Ok(n) => Metrics::add(&broker.metrics().bytes_received, n as u64),
         }
     }
 }
@@ -419,10 +419,10 @@ pub(crate) fn transmit(
     };
     session.release_publishers(drained);
     for (qos, n) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce].into_iter().zip(t.published) {
-        broker.metrics.messages_sent.add(qos, n);
+        broker.metrics().messages_sent.add(qos, n);
     }
-    Metrics::add(&broker.metrics.dropped_expired, t.expired);
-    Metrics::add(&broker.metrics.dropped_too_large, t.too_large);
+    Metrics::add(&broker.metrics().dropped_expired, t.expired);
+    Metrics::add(&broker.metrics().dropped_too_large, t.too_large);
     t.more
 }
 
@@ -547,11 +547,11 @@ impl<'a> Connection<'a> {
                 }
                 Event::Wrote(Ok(n)) if n > 0 => {
                     a.ctl.wrote(broker.clock_ms(now));
-                    Metrics::add(&broker.metrics.bytes_sent, n as u64);
+                    Metrics::add(&broker.metrics().bytes_sent, n as u64);
                     self.written += n;
                     if self.written == self.out.len() {
-                        if broker.tracer.is_active() {
-                            broker.tracer.record_bytes(
+                        if broker.tracer().is_active() {
+                            broker.tracer().record_bytes(
                                 &a.session.client_id,
                                 Direction::Out,
                                 &self.out,
@@ -569,7 +569,7 @@ impl<'a> Connection<'a> {
                 Event::Synced => inbound.flush_synced(&mut self.out),
                 Event::Read(Ok(n)) if n > 0 => {
                     a.ctl.touch(broker.clock_ms(now));
-                    Metrics::add(&broker.metrics.bytes_received, n as u64);
+                    Metrics::add(&broker.metrics().bytes_received, n as u64);
                 }
                 Event::Wrote(_) | Event::Read(_) => {
                     a.ctl.close(ReasonCode::Success);

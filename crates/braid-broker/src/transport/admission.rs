@@ -62,7 +62,7 @@ impl Admission {
         };
         if !wait.is_zero() {
             tokio::select! {
-                _ = self.broker.shutdown.cancelled() => {}
+                _ = self.broker.shutdown().cancelled() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
@@ -77,7 +77,7 @@ impl Admission {
         transport: &str,
         mut admitted: impl FnMut(TcpStream, SocketAddr),
     ) {
-        let shutdown = &self.broker.shutdown;
+        let shutdown = &self.broker.shutdown();
         loop {
             self.pace().await;
             tokio::select! {
@@ -120,11 +120,11 @@ impl Admission {
         while had_spare && rustix::net::accept(listener).is_ok() {
             shed += 1;
         }
-        Metrics::add(&self.broker.metrics.connections_refused_fd, shed);
+        Metrics::add(&self.broker.metrics().connections_refused_fd, shed);
         *self.spare.lock() = File::open("/dev/null").ok();
         if shed == 0 {
             tokio::select! {
-                _ = self.broker.shutdown.cancelled() => {}
+                _ = self.broker.shutdown().cancelled() => {}
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
         }
@@ -133,7 +133,7 @@ impl Admission {
     /// An accept worked: if it was out of descriptors, says that it is over.
     fn fds_back(&self, transport: &str) {
         if self.out_of_fds.swap(false, Ordering::Relaxed) {
-            let refused = Metrics::get(&self.broker.metrics.connections_refused_fd);
+            let refused = Metrics::get(&self.broker.metrics().connections_refused_fd);
             info!(
                 transport,
                 refused_since_start = refused,
@@ -150,7 +150,7 @@ impl Admission {
         if max == 0 || open < max {
             return true;
         }
-        Metrics::add(&self.broker.metrics.connections_refused, 1);
+        Metrics::add(&self.broker.metrics().connections_refused, 1);
         let mut last = self.last_refusal_log.lock();
         if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
             warn!(max, "limits.max_connections reached: closing new connections");

@@ -83,7 +83,7 @@ impl Listeners {
     /// `connections`. Everything stops when the broker shuts down.
     pub fn spawn(self, broker: &Arc<Broker>, connections: &TaskTracker, admission: &Arc<Admission>) {
         if let Some(tls) = &self.tls {
-            tokio::spawn(tls.clone().watch(broker.shutdown.clone()));
+            tokio::spawn(tls.clone().watch(broker.shutdown().clone()));
         }
         for (kind, listener) in self.bound {
             let accept =
@@ -124,7 +124,7 @@ pub(crate) async fn handshake<T, E: std::fmt::Display>(
     what: &str,
     f: impl Future<Output = Result<T, E>>,
 ) -> Option<T> {
-    let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
+    let timeout = Duration::from_secs(broker.config().mqtt.connect_timeout_secs);
     tokio::select! {
         done = tokio::time::timeout(timeout, f) => match done {
             Ok(Ok(t)) => Some(t),
@@ -137,14 +137,14 @@ pub(crate) async fn handshake<T, E: std::fmt::Display>(
                 None
             }
         },
-        _ = broker.shutdown.cancelled() => None,
+        _ = broker.shutdown().cancelled() => None,
     }
 }
 
 /// The user name for a TLS client: the certificate's name when `tls.use_cn_as_username` is on
 /// and a certificate was presented. `Err` when the certificate has no usable name.
 fn tls_username(broker: &Broker, stream: &TlsStream<TcpStream>) -> Result<Option<ByteString>, ()> {
-    if !broker.config.tls.use_cn_as_username {
+    if !broker.config().tls.use_cn_as_username {
         return Ok(None);
     }
     let Some(cert) = stream.get_ref().1.peer_certificates().and_then(|c| c.first()) else {
@@ -163,7 +163,7 @@ async fn serve(
 ) {
     let broker = &broker;
     if kind == Transport::Ws {
-        if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, &broker.config)).await {
+        if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, broker.config())).await {
             serve_stream(broker, ws, peer, kind, None).await;
         }
         return;
@@ -178,7 +178,7 @@ async fn serve(
         info!(%peer, username = %name, "TLS client certificate accepted");
     }
     if kind == Transport::Wss {
-        if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, &broker.config)).await {
+        if let Some(ws) = handshake(broker, peer, "WebSocket", ws::accept(stream, broker.config())).await {
             serve_stream(broker, ws, peer, kind, username).await;
         }
     } else {

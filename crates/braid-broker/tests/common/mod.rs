@@ -46,7 +46,7 @@ pub(crate) trait Counters {
 
 impl Counters for TestBroker {
     fn dropped(&self) -> u64 {
-        self.broker.metrics.messages_dropped()
+        self.broker.metrics().messages_dropped()
     }
 }
 

@@ -55,7 +55,7 @@ pub(crate) trait TestBrokerExt {
 
 impl TestBrokerExt for TestBroker {
     fn messages_sent(&self) -> u64 {
-        self.broker.metrics.messages_sent.total()
+        self.broker.metrics().messages_sent.total()
     }
 
     fn options(&self, version: ProtocolVersion, client_id: &str) -> ClientOptions {

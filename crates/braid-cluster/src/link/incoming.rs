@@ -32,7 +32,7 @@ pub(crate) async fn accept(shared: Arc<Shared>, broker: Arc<Broker>, links: Arc<
     loop {
         let accepted = tokio::select! {
             a = links.endpoint.accept() => a,
-            _ = broker.shutdown.cancelled() => break,
+            _ = broker.shutdown().cancelled() => break,
         };
         let (stream, from) = match accepted {
             Ok(a) => a,
@@ -129,7 +129,7 @@ async fn receive(
     loop {
         let frame = tokio::select! {
             f = frames.next() => f,
-            _ = broker.shutdown.cancelled() => return Ok(()),
+            _ = broker.shutdown().cancelled() => return Ok(()),
         };
         let frame = match frame {
             Some(Ok(frame)) => frame,

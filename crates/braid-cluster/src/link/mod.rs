@@ -78,7 +78,7 @@ impl Links {
                 let link = Arc::new(Link::new(node, tx));
                 tokio::spawn(outgoing::run(
                     shared.clone(),
-                    broker.shutdown.clone(),
+                    broker.shutdown().clone(),
                     self.endpoint.clone(),
                     link.clone(),
                     rx,

@@ -184,7 +184,7 @@ impl Drop for TestNode {
             runtime.shutdown_background();
         }
         // Ends the listener's accept thread, which is not a task of the runtime.
-        self.broker.shutdown.cancel();
+        self.broker.shutdown().cancel();
     }
 }
 

@@ -53,11 +53,11 @@ pub(crate) async fn serve(broker: Arc<Broker>, incoming: quinn::Incoming, pacer:
             }
         },
     };
-    let timeout = Duration::from_secs(broker.config.mqtt.connect_timeout_secs);
+    let timeout = Duration::from_secs(broker.config().mqtt.connect_timeout_secs);
     let mut early = Vec::new();
     let first = tokio::select! {
         first = tokio::time::timeout(timeout, read_control(&conn, &broker, &mut early)) => first,
-        _ = broker.shutdown.cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
+        _ = broker.shutdown().cancelled() => Ok(Err(FirstPacket::Close("shutting down".into()))),
     };
     let (control, mut connect) = match first {
         Err(_) => {

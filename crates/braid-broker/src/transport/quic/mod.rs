@@ -98,7 +98,7 @@ pub(crate) async fn accept(
     loop {
         admission.pace().await;
         tokio::select! {
-            _ = broker.shutdown.cancelled() => break,
+            _ = broker.shutdown().cancelled() => break,
             incoming = endpoint.accept() => match incoming {
                 Some(incoming) if !admission.admit() => incoming.refuse(),
                 Some(incoming) => {

@@ -136,15 +136,15 @@ pub(crate) async fn write(mut send: quinn::SendStream, out: Arc<StreamOut>, cx: 
             continue;
         };
         let len = chunk.len();
-        if broker.tracer.is_active() {
-            broker.tracer.record_bytes(&cx.session.client_id, Direction::Out, &chunk, cx.version);
+        if broker.tracer().is_active() {
+            broker.tracer().record_bytes(&cx.session.client_id, Direction::Out, &chunk, cx.version);
         }
         if send.write_chunk(chunk).await.is_err() {
             out.closed.store(true, Ordering::Release);
             ctl.wake();
             return;
         }
-        Metrics::add(&broker.metrics.bytes_sent, len as u64);
+        Metrics::add(&broker.metrics().bytes_sent, len as u64);
         let before = out.pending.fetch_sub(len, Ordering::AcqRel);
         if before >= STREAM_BUDGET && before - len < STREAM_BUDGET {
             ctl.wake();
@@ -191,7 +191,7 @@ pub(crate) async fn read(
     out: Arc<StreamOut>,
 ) -> (u64, StreamEnd) {
     let (broker, version) = (&cx.broker, cx.version);
-    let acl = broker.security.resume_acl(cx.acl.clone(), &cx.session.client_id);
+    let acl = broker.security().resume_acl(cx.acl.clone(), &cx.session.client_id);
     let mut now = Instant::now();
     let inbound = if control {
         Inbound::new(broker, &cx.session, version, HashMap::new(), acl, now)
@@ -245,7 +245,7 @@ pub(crate) async fn read(
                 Ok(n) if n > 0 => {
                     // Any progress on any stream is liveness, even inside a packet.
                     cx.ctl.touch(broker.clock_ms(Instant::now()));
-                    Metrics::add(&broker.metrics.bytes_received, n as u64);
+                    Metrics::add(&broker.metrics().bytes_received, n as u64);
                     None
                 }
                 _ => break StreamEnd::Closed,

@@ -46,12 +46,12 @@ pub async fn run(
     admission: Arc<Admission>,
     lot: Option<Arc<ParkingLot>>,
 ) {
-    let shutdown = broker.shutdown.clone();
+    let shutdown = broker.shutdown().clone();
     let (arrived, mut arrivals) = mpsc::channel::<Arrival>(HANDOVER_QUEUE);
     let thread = listener.into_std().and_then(|listener| {
         let (broker, tracker) = (broker.clone(), connections.clone());
         std::thread::Builder::new().name("braid-handshake".into()).spawn(move || {
-            let stop = broker.shutdown.clone();
+            let stop = broker.shutdown().clone();
             lower_priority();
             let started = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(|rt| {
                 let listener = rt.block_on(async { TcpListener::from_std(listener) })?;

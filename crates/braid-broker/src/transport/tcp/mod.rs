@@ -83,7 +83,7 @@ async fn drive(
     let mut conn = Connection::new(&broker, &accepted, version, peer, out);
     let stop = {
         let (mut rd, mut wr) = stream.split();
-        let acl = broker.security.resume_acl(acl, &accepted.session.client_id);
+        let acl = broker.security().resume_acl(acl, &accepted.session.client_id);
         conn.run(&mut rd, &mut wr, rbuf, aliases, acl, unread).await
     };
     let ending = match stop {

@@ -76,7 +76,7 @@ impl Unpark for ParkingLot {
         let Some(parked) = self.parked.lock().try_remove(key as usize) else { return };
         let _ = self.registry.deregister(&mut SourceFd(&parked.stream.as_raw_fd()));
         let (Some(broker), Some(lot)) = (self.broker.upgrade(), self.this.upgrade()) else { return };
-        broker.metrics.clients_parked.fetch_sub(1, Ordering::Relaxed);
+        broker.metrics().clients_parked.fetch_sub(1, Ordering::Relaxed);
         let _runtime = self.runtime.enter();
         self.tasks.spawn((self.resume)(broker, lot, *parked));
     }
@@ -156,7 +156,7 @@ impl ParkingLot {
             }
             // Counted under the slab's lock, which an unpark takes before it counts down.
             if let Some(broker) = self.broker.upgrade() {
-                Metrics::add(&broker.metrics.clients_parked, 1);
+                Metrics::add(&broker.metrics().clients_parked, 1);
             }
         }
         // A wake that came while parking unparks it at once.
