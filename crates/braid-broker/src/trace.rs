@@ -151,10 +151,12 @@ impl Tracer {
         dir: &Path,
         until: Instant,
     ) -> Result<Arc<Trace>, String> {
-        let mut traces = self.traces.write();
-        if traces.iter().any(|t| t.name == name) {
+        let running = |traces: &[Arc<Trace>]| traces.iter().any(|t| t.name == name);
+        if running(&self.traces.read()) {
             return Err(format!("a trace named {name:?} is running"));
         }
+        // The file and the writer thread are made before the write lock, which every packet's
+        // connection reads while a trace runs.
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let secs = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let path = dir.join(format!("{name}-{secs}.log"));
@@ -177,6 +179,14 @@ impl Tracer {
             queue,
             writer: Mutex::new(Some(writer)),
         });
+        let mut traces = self.traces.write();
+        if running(&traces) {
+            // Another start of the same name won meanwhile: this one's writer ends with it.
+            drop(traces);
+            let _ = trace.queue.send(Line::Stop);
+            let _ = std::fs::remove_file(&trace.path);
+            return Err(format!("a trace named {name:?} is running"));
+        }
         traces.push(trace.clone());
         self.active.store(true, Ordering::Relaxed);
         Ok(trace)

@@ -371,7 +371,9 @@ impl Broker {
 
     /// Numbers for `$SYS`: (sessions known, subscriptions, retained messages).
     pub fn counts(&self) -> (usize, usize, usize) {
-        (self.sessions.lock().len(), self.router.read().len(), self.retained.read().len())
+        let sessions = self.sessions.lock().len();
+        let subscriptions = self.router.read().len();
+        (sessions, subscriptions, self.retained.read().len())
     }
 }
 

@@ -193,16 +193,19 @@ impl Broker {
     /// session (clean start). A will without delay is sent, as the old connection closed
     /// without DISCONNECT; a delayed will is cancelled by the new connection.
     fn take_over(&self, old: &Arc<Session>, discard: bool, now: Instant) {
-        let will = {
+        let (link, will) = {
             let mut st = old.lock();
-            if let Some(link) = st.link.take() {
-                link.ctl
-                    .close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
-                link.ctl.hand_over();
-                self.metrics.client_disconnected(link.origin.transport);
-            }
-            st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard)
+            let will =
+                st.will.take().filter(|w| w.properties.will_delay_interval.unwrap_or(0) == 0 || discard);
+            (st.link.take(), will)
         };
+        // Closed after the session's lock is released: a parked connection's close unparks it
+        // (the parking lot's lock, epoll and a spawn).
+        if let Some(link) = link {
+            link.ctl.close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
+            link.ctl.hand_over();
+            self.metrics.client_disconnected(link.origin.transport);
+        }
         old.release_publishers(Release::All);
         if let Some(will) = will {
             self.publish_will(old, *will, now);
@@ -224,8 +227,9 @@ impl Broker {
     pub fn close_all(&self, reason: ReasonCode) {
         let sessions: Vec<Arc<Session>> = self.sessions.lock().iter().map(|s| s.0.clone()).collect();
         for s in sessions {
-            if let Some(link) = &s.lock().link {
-                link.ctl.close(reason);
+            let ctl = s.lock().link.as_ref().map(|l| l.ctl.clone());
+            if let Some(ctl) = ctl {
+                ctl.close(reason);
             }
         }
     }

@@ -156,10 +156,16 @@ impl Session {
     /// Disconnects the attached client (0x97 Quota exceeded) if its queue still holds
     /// publishers back: it has not drained for `waited` seconds.
     pub fn evict_slow_consumer(&self, waited: u64) {
-        let st = self.lock();
-        if let (true, Some(link)) = (st.blocks_publishers_now(), &st.link) {
-            let detail = format!("slow consumer: queue full for {waited} s");
-            link.ctl.close_because(braid_proto::ReasonCode::QuotaExceeded, detail);
+        let ctl = {
+            let st = self.lock();
+            st.link.as_ref().filter(|_| st.blocks_publishers_now()).map(|l| l.ctl.clone())
+        };
+        // Closed outside the lock: a parked connection's close unparks it.
+        if let Some(ctl) = ctl {
+            ctl.close_because(
+                braid_proto::ReasonCode::QuotaExceeded,
+                format!("slow consumer: queue full for {waited} s"),
+            );
         }
     }
 }
