@@ -95,7 +95,6 @@ async fn claim(
     client_id: &str,
     clean: bool,
 ) -> Result<(), ClusterError> {
-    let err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
     let mut conn = shared.conn.clone();
     let keys = shared.keys.session(client_id);
     let deadline = Instant::now()
@@ -104,7 +103,7 @@ async fn claim(
     let mut claiming = None;
     loop {
         let owner: Option<String> =
-            redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await.map_err(err)?;
+            redis::cmd("HGET").arg(&keys.meta).arg("owner").query_async(&mut conn).await?;
         let Some(owner) = owner.filter(|o| *o != shared.me) else { break };
         claiming = Some(Claiming::new(shared));
         if request_release(shared, &mut conn, client_id, &owner, clean).await || Instant::now() > deadline {
@@ -116,7 +115,7 @@ async fn claim(
         // over (by this node, or by the one already doing it), then the session is asked
         // for again.
         let taken_over = !membership::alive(shared, &mut conn, &owner).await
-            && reaper::take_over(shared, broker, &owner).await.map_err(err)?;
+            && reaper::take_over(shared, broker, &owner).await?;
         if !taken_over {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -128,8 +127,7 @@ async fn claim(
         .arg(&shared.me)
         .arg(if clean { "1" } else { "0" })
         .query_async(&mut conn)
-        .await
-        .map_err(err)?;
+        .await?;
     let epoch = reply.first().and_then(int).unwrap_or(0) as u64;
     let prev =
         reply.get(1).and_then(bytes).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
@@ -142,12 +140,8 @@ async fn claim(
             redis::cmd("SREM").arg(shared.keys.owned(&prev)).arg(client_id).query_async(&mut conn).await;
     }
     shared.store.set_epoch(client_id, epoch);
-    let _: () = redis::cmd("SADD")
-        .arg(shared.keys.owned(&shared.me))
-        .arg(client_id)
-        .query_async(&mut conn)
-        .await
-        .map_err(err)?;
+    let _: () =
+        redis::cmd("SADD").arg(shared.keys.owned(&shared.me)).arg(client_id).query_async(&mut conn).await?;
     if !clean && !broker.cluster().has_session(client_id) {
         sessions::adopt(shared, broker, client_id, true).await?;
     }

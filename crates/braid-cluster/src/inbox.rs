@@ -78,7 +78,7 @@ pub(crate) async fn create_group(conn: &mut Conn, inbox: &str) -> Result<(), Clu
         .await;
     match created {
         Err(e) if e.code() != Some("BUSYGROUP") => {
-            Err(ClusterError::Redis(format!("cannot create the inbox group: {e}")))
+            Err(ClusterError::redis("cannot create the inbox group")(e))
         }
         _ => Ok(()),
     }

@@ -52,7 +52,7 @@ use tracing::{info, warn};
 use braid_broker::broker::Broker;
 use braid_broker::config::ClusterConfig;
 use braid_broker::router::RemoteRef;
-use braid_broker::store::{Store, UnixClock};
+use braid_broker::store::{RecordError, Store, UnixClock};
 use braid_proto::ByteString;
 
 use crate::redis::Conn;
@@ -66,11 +66,41 @@ pub enum ClusterError {
     #[error("{0}")]
     Config(String),
     /// Redis refused or could not be reached.
-    #[error("cluster.redis: {0}")]
-    Redis(String),
+    #[error("cluster.redis: {what}{}{source}", if .what.is_empty() { "" } else { ": " })]
+    Redis {
+        /// What was being done, or which Redis (its URLs): empty if nothing to add.
+        what: String,
+        /// Redis's error.
+        #[source]
+        source: ::redis::RedisError,
+    },
+    /// A session's record in Redis does not read back.
+    #[error("cluster.redis: the record of session {client_id:?}: {source}")]
+    Record {
+        /// The session's client id.
+        client_id: String,
+        /// What is wrong with the record.
+        #[source]
+        source: RecordError,
+    },
     /// Another running node has this node's name.
     #[error("cluster.node: {0}")]
     NameInUse(String),
+}
+
+impl ClusterError {
+    /// A Redis error while doing `what` (or with `what` the Redis it is from).
+    fn redis(what: impl Into<String>) -> impl FnOnce(::redis::RedisError) -> ClusterError {
+        let what = what.into();
+        move |source| ClusterError::Redis { what, source }
+    }
+}
+
+/// A Redis error with nothing to add.
+impl From<::redis::RedisError> for ClusterError {
+    fn from(source: ::redis::RedisError) -> ClusterError {
+        ClusterError::Redis { what: String::new(), source }
+    }
 }
 
 /// A node that has reached Redis and holds its lease, not yet serving.
@@ -142,7 +172,7 @@ impl Node {
         ::redis::cmd("PING")
             .query_async::<()>(&mut conn)
             .await
-            .map_err(|e| ClusterError::Redis(format!("{}: {e}", redis.display())))?;
+            .map_err(ClusterError::redis(redis.display()))?;
         let keys = Keys::new(&config.key_prefix);
         // The node's reading of the wall clock: its incarnation, and the Unix times of the
         // records it writes and reads.
@@ -259,5 +289,23 @@ fn log_failure(what: &str, failing: &mut bool, e: &dyn std::fmt::Display) {
     if !*failing {
         warn!("cluster: {what}: {e}; retrying");
         *failing = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_error_keeps_its_source_and_says_what_was_done() {
+        let refused =
+            || ::redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let shown = refused().to_string();
+        let plain = ClusterError::from(refused());
+        assert_eq!(plain.to_string(), format!("cluster.redis: {shown}"));
+        let at = ClusterError::redis("redis://127.0.0.1:6379")(refused());
+        assert_eq!(at.to_string(), format!("cluster.redis: redis://127.0.0.1:6379: {shown}"));
+        let source = std::error::Error::source(&at).and_then(|e| e.downcast_ref::<::redis::RedisError>());
+        assert!(source.is_some_and(|e| e.kind() == ::redis::ErrorKind::Io), "{at:?}");
     }
 }

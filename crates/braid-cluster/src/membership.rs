@@ -37,8 +37,7 @@ pub(crate) async fn take_lease(
             .arg(incarnation)
             .arg(config.lease_ms)
             .query_async(conn)
-            .await
-            .map_err(|e| ClusterError::Redis(e.to_string()))?;
+            .await?;
         if taken != 0 {
             return Ok(());
         }
@@ -122,12 +121,10 @@ pub(crate) async fn check_secret(
     keys: &Keys,
     config: &ClusterConfig,
 ) -> Result<(), ClusterError> {
-    let redis_err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
     let mine = crate::link::handshake::fingerprint(&config.secret);
-    let theirs: Option<String> =
-        redis::cmd("GET").arg(keys.secret()).query_async(conn).await.map_err(redis_err)?;
+    let theirs: Option<String> = redis::cmd("GET").arg(keys.secret()).query_async(conn).await?;
     if theirs.as_deref().is_some_and(|t| t != mine) {
-        let live = live_in(keys, conn).await.map_err(redis_err)?;
+        let live = live_in(keys, conn).await?;
         if let Some(n) = live.iter().find(|n| **n != config.node) {
             return Err(ClusterError::Config(format!(
                 "cluster.secret: not the secret of the running nodes (node {n:?} has another): give every node the same secret"
@@ -135,7 +132,7 @@ pub(crate) async fn check_secret(
         }
     }
     // No live node has another secret (a cluster restarted with a new one): this one counts.
-    let _: () = redis::cmd("SET").arg(keys.secret()).arg(&mine).query_async(conn).await.map_err(redis_err)?;
+    let _: () = redis::cmd("SET").arg(keys.secret()).arg(&mine).query_async(conn).await?;
     Ok(())
 }
 

@@ -188,7 +188,7 @@ impl Redis {
     /// A new connection; on one Redis, its commands time out after `timeout` and it
     /// reconnects with backoff.
     pub(crate) async fn connect(&self, timeout: Duration) -> Result<Conn, ClusterError> {
-        let failed = |e: redis::RedisError| ClusterError::Redis(format!("{}: {e}", self.display()));
+        let failed = ClusterError::redis(self.display());
         match self {
             Redis::Single(client, _) => {
                 let config = ConnectionManagerConfig::new()

@@ -27,9 +27,8 @@ pub(crate) async fn load(
     keys: &Keys,
     clock: &UnixClock,
 ) -> Result<(Vec<Arc<Message>>, String), ClusterError> {
-    let err = |e: redis::RedisError| ClusterError::Redis(e.to_string());
-    let from = last_id(conn, &keys.retained_log()).await.map_err(err)?;
-    let all: Value = redis::cmd("HGETALL").arg(keys.retained()).query_async(conn).await.map_err(err)?;
+    let from = last_id(conn, &keys.retained_log()).await?;
+    let all: Value = redis::cmd("HGETALL").arg(keys.retained()).query_async(conn).await?;
     let mut out = Vec::new();
     for (topic, body) in pairs(Some(&all)) {
         match codec::read_message(body, clock) {

@@ -35,11 +35,10 @@ pub(crate) async fn adopt(
         .cmd("SMEMBERS")
         .arg(&keys.qos2)
         .query_async(&mut conn)
-        .await
-        .map_err(|e| ClusterError::Redis(e.to_string()))?;
+        .await?;
     let Some(mut session) =
         read_session(client_id, &replies[0], &replies[1..3], &replies[3], shared.store.clock())
-            .map_err(ClusterError::Redis)?
+            .map_err(|source| ClusterError::Record { client_id: client_id.into(), source })?
     else {
         return Ok(None);
     };
@@ -67,21 +66,13 @@ pub(crate) async fn adopt(
 /// them), so that what arrives for them is queued until their clients come back.
 pub(crate) async fn adopt_owned(shared: &Arc<Shared>, broker: &Arc<Broker>) -> Result<(), ClusterError> {
     let mut conn = shared.conn.clone();
-    let owned: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(shared.keys.owned(&shared.me))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| ClusterError::Redis(e.to_string()))?;
+    let owned: Vec<String> =
+        redis::cmd("SMEMBERS").arg(shared.keys.owned(&shared.me)).query_async(&mut conn).await?;
     let mut adopted = 0;
     for client_id in owned {
         let keys = shared.keys.session(&client_id);
-        let meta: (Option<String>, Option<u64>) = redis::cmd("HMGET")
-            .arg(&keys.meta)
-            .arg("owner")
-            .arg("epoch")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| ClusterError::Redis(e.to_string()))?;
+        let meta: (Option<String>, Option<u64>) =
+            redis::cmd("HMGET").arg(&keys.meta).arg("owner").arg("epoch").query_async(&mut conn).await?;
         let mine = matches!(&meta, (Some(owner), Some(_)) if *owner == shared.me);
         if let (true, Some(epoch)) = (mine, meta.1) {
             shared.store.set_epoch(&client_id, epoch);

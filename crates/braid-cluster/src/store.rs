@@ -28,7 +28,7 @@ use braid_broker::message::{Delivery, RemoteId};
 use braid_broker::router::Forward;
 use braid_broker::session::Item;
 use braid_broker::store::{
-    codec, Op, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket, UnixClock,
+    codec, Op, RecordError, Recovered, RecoveredSession, Stage, Store, StoreError, Stored, Ticket, UnixClock,
 };
 use braid_client::Backoff;
 use braid_proto::ByteString;
@@ -487,10 +487,8 @@ impl Writer {
                     }
                     Reply::Load(tx, finished) => {
                         let mut deliveries = read_deliveries(mine, &self.clock);
-                        if let Ok(d) = deliveries.as_mut() {
-                            d.retain(|s| !finished.contains(&s.seq));
-                        }
-                        let _ = tx.send(deliveries);
+                        deliveries.retain(|s| !finished.contains(&s.seq));
+                        let _ = tx.send(Ok(deliveries));
                     }
                 }
             }
@@ -549,8 +547,8 @@ fn stage_byte(stage: Stage) -> u8 {
 }
 
 /// The deliveries in the replies of HGETALL queue and HGETALL stages, oldest first (their
-/// expiries converted by `clock`).
-pub(crate) fn read_deliveries(replies: &[Value], clock: &UnixClock) -> Result<Vec<Stored>, StoreError> {
+/// expiries converted by `clock`); one that does not read back is logged and skipped.
+pub(crate) fn read_deliveries(replies: &[Value], clock: &UnixClock) -> Vec<Stored> {
     let stages: HashMap<u64, Stage> = pairs(replies.get(1))
         .filter_map(|(k, v)| {
             let stage = match v.first()? {
@@ -573,7 +571,7 @@ pub(crate) fn read_deliveries(replies: &[Value], clock: &UnixClock) -> Result<Ve
         }
     }
     out.sort_unstable_by_key(|s| s.seq);
-    Ok(out)
+    out
 }
 
 /// The field/value pairs of a HGETALL reply (an array or a RESP3 map).
@@ -600,11 +598,11 @@ pub(crate) fn read_session(
     queue_and_stages: &[Value],
     qos2: &Value,
     clock: &UnixClock,
-) -> Result<Option<RecoveredSession>, String> {
+) -> Result<Option<RecoveredSession>, RecordError> {
     let Some(body) = bytes(record) else { return Ok(None) };
     let mut record = codec::read_session(body)?;
     record.client_id = ByteString::from(client_id);
-    let queued = read_deliveries(queue_and_stages, clock).map_err(|e| e.to_string())?;
+    let queued = read_deliveries(queue_and_stages, clock);
     let incoming_qos2 = match qos2 {
         Value::Array(a) | Value::Set(a) => {
             a.iter().filter_map(|v| std::str::from_utf8(bytes(v)?).ok()?.parse().ok()).collect()

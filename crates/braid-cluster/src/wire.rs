@@ -9,10 +9,36 @@ use redis::{Cmd, Value};
 
 use braid_broker::message::{Message, RemoteId};
 use braid_broker::router::{Forward, Scope};
-use braid_broker::store::{codec, UnixClock};
+use braid_broker::store::{codec, RecordError, UnixClock};
 use braid_proto::ByteString;
 
 use crate::redis::bytes;
+
+/// An inbox entry or link frame that does not read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WireError {
+    /// An entry without a field its kind needs.
+    #[error("no {0} field")]
+    NoField(&'static str),
+    /// An entry's text field that is not UTF-8.
+    #[error("a field is not UTF-8")]
+    FieldNotUtf8,
+    /// A packed messages entry without its messages.
+    #[error("no messages")]
+    NoMessages,
+    /// An entry of a kind this version does not know.
+    #[error("unknown entry kind")]
+    UnknownKind,
+    /// A packed message or field that runs past the end.
+    #[error("a packed message is cut short")]
+    CutShort,
+    /// A packed text field that is not UTF-8.
+    #[error("a packed field is not UTF-8")]
+    PackedNotUtf8,
+    /// A packed message's record that does not read back.
+    #[error("{0}")]
+    Message(#[from] RecordError),
+}
 
 /// One inbox entry, read.
 #[derive(Debug)]
@@ -122,23 +148,26 @@ fn control_cmd(inbox: &str, kind: &str, client_id: &str, from: &str) -> Cmd {
 }
 
 /// Reads an entry's fields (alternating names and values), converting expiries by `clock`.
-pub(crate) fn read(fields: &[Value], clock: &UnixClock) -> Result<Entry, String> {
-    let get = |name: &[u8]| -> Option<&[u8]> {
-        fields.chunks(2).find(|c| c.first().and_then(bytes) == Some(name)).and_then(|c| bytes(c.get(1)?))
+pub(crate) fn read(fields: &[Value], clock: &UnixClock) -> Result<Entry, WireError> {
+    let get = |name: &str| -> Option<&[u8]> {
+        fields
+            .chunks(2)
+            .find(|c| c.first().and_then(bytes) == Some(name.as_bytes()))
+            .and_then(|c| bytes(c.get(1)?))
     };
-    let text = |name: &[u8]| -> Result<String, String> {
-        let b = get(name).ok_or_else(|| format!("no {} field", String::from_utf8_lossy(name)))?;
-        String::from_utf8(b.to_vec()).map_err(|_| "a field is not UTF-8".to_string())
+    let text = |name: &'static str| -> Result<String, WireError> {
+        let b = get(name).ok_or(WireError::NoField(name))?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError::FieldNotUtf8)
     };
-    match get(b"k") {
-        Some(b"p") => unpack(get(b"p").ok_or("no messages")?, clock).map(Entry::Messages),
+    match get("k") {
+        Some(b"p") => unpack(get("p").ok_or(WireError::NoMessages)?, clock).map(Entry::Messages),
         Some(b"r") => Ok(Entry::Release {
-            client_id: text(b"c")?.into(),
-            from: text(b"f")?,
-            clean: get(b"s") == Some(b"1"),
+            client_id: text("c")?.into(),
+            from: text("f")?,
+            clean: get("s") == Some(b"1"),
         }),
-        Some(b"d") => Ok(Entry::Released { client_id: text(b"c")?.into() }),
-        _ => Err("unknown entry kind".into()),
+        Some(b"d") => Ok(Entry::Released { client_id: text("c")?.into() }),
+        _ => Err(WireError::UnknownKind),
     }
 }
 
@@ -148,7 +177,7 @@ const PLAIN: u8 = 1;
 const RELAYED: u8 = 2;
 
 /// The messages of a [`Pack`] (their expiries converted by `clock`).
-pub(crate) fn unpack(mut packed: &[u8], clock: &UnixClock) -> Result<Vec<Incoming>, String> {
+pub(crate) fn unpack(mut packed: &[u8], clock: &UnixClock) -> Result<Vec<Incoming>, WireError> {
     let mut out = Vec::new();
     while !packed.is_empty() {
         let mut record = take(&mut packed)?;
@@ -156,7 +185,7 @@ pub(crate) fn unpack(mut packed: &[u8], clock: &UnixClock) -> Result<Vec<Incomin
         let groups = u32::from_le_bytes(take_n(&mut record)?);
         let groups = (0..groups)
             .map(|_| Ok(String::from_utf8_lossy(take(&mut record)?).into()))
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, WireError>>()?;
         let client = take_text(&mut record)?;
         let sender = take_text(&mut record)?;
         let number = u64::from_le_bytes(take_n(&mut record)?);
@@ -178,10 +207,10 @@ pub(crate) fn put(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// Takes what [`put`] wrote from the front of `input`.
-pub(crate) fn take<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], String> {
+pub(crate) fn take<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], WireError> {
     let len = u32::from_le_bytes(take_n(input)?) as usize;
     if input.len() < len {
-        return Err("a packed message is cut short".into());
+        return Err(WireError::CutShort);
     }
     let (b, rest) = input.split_at(len);
     *input = rest;
@@ -189,13 +218,13 @@ pub(crate) fn take<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], String> {
 }
 
 /// Takes what [`put`] wrote from the front of `input`, as UTF-8 text.
-pub(crate) fn take_text(input: &mut &[u8]) -> Result<String, String> {
-    String::from_utf8(take(input)?.to_vec()).map_err(|_| "a packed field is not UTF-8".to_string())
+pub(crate) fn take_text(input: &mut &[u8]) -> Result<String, WireError> {
+    String::from_utf8(take(input)?.to_vec()).map_err(|_| WireError::PackedNotUtf8)
 }
 
 /// Takes `N` bytes from the front of `input`.
-pub(crate) fn take_n<const N: usize>(input: &mut &[u8]) -> Result<[u8; N], String> {
-    let (head, rest) = input.split_first_chunk::<N>().ok_or("a packed message is cut short")?;
+pub(crate) fn take_n<const N: usize>(input: &mut &[u8]) -> Result<[u8; N], WireError> {
+    let (head, rest) = input.split_first_chunk::<N>().ok_or(WireError::CutShort)?;
     *input = rest;
     Ok(*head)
 }
@@ -268,5 +297,25 @@ mod tests {
         for cut in [1, 5, whole.len() - 1] {
             assert!(unpack(&whole[..cut], &clock).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_message_that_does_not_read_keeps_the_record_error() {
+        let fwd = Forward {
+            msg: Arc::new(message(vec![1; 4])),
+            scope: Scope { plain: true, groups: vec![] },
+            id: 1,
+        };
+        let clock = UnixClock::read();
+        let mut bad = record("n1@5", &fwd, false, &clock);
+        // The message's record ends 4 bytes early: its packet's length runs past it.
+        bad.truncate(bad.len() - 4);
+        let mut pack = Pack::default();
+        pack.push(&bad);
+        let err = unpack(&pack.0, &clock).unwrap_err();
+        assert!(matches!(err, WireError::Message(RecordError::TooShort)), "{err:?}");
+        let source = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<RecordError>());
+        assert!(source.is_some(), "{err:?}");
+        assert_eq!(err.to_string(), "record body too short");
     }
 }

@@ -10,6 +10,7 @@ use tokio::sync::{oneshot, watch};
 
 use braid_proto::{ByteString, LastWill, SubscriptionOptions};
 
+use super::record::RecordError;
 use crate::message::{Delivery, Message, RemoteId};
 use crate::metrics::HistogramSnapshot;
 
@@ -229,14 +230,15 @@ pub enum StoreError {
     },
     /// A record in a segment that does not read back: cut short, failing its checksum, or
     /// not decoding.
-    #[error("{}: damaged record at offset {offset}: {problem}", segment.display())]
+    #[error("{}: damaged record at offset {offset}: {source}", segment.display())]
     Damaged {
         /// The segment file.
         segment: PathBuf,
         /// Byte offset of the record in the segment.
         offset: u64,
         /// What is wrong with it.
-        problem: String,
+        #[source]
+        source: RecordError,
     },
     /// The thread that writes the store could not be started.
     #[error("cannot start the writer thread: {0}")]

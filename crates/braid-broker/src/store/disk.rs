@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use braid_proto::ByteString;
 
 use super::backend::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, StoreStats, Stored, Ticket};
-use super::record::{self, kind, UnixClock};
+use super::record::{self, kind, RecordError, UnixClock};
 use crate::config::{Durability, StoreConfig};
 use crate::message::Message;
 use crate::metrics::Histogram;
@@ -359,7 +359,7 @@ impl Log {
         loc: Loc,
         retained: &mut HashMap<ByteString, (Loc, Vec<u8>)>,
         metas: &mut HashMap<u64, Vec<u8>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RecordError> {
         let idx = &mut self.index;
         match k {
             kind::SESSION => {
@@ -424,7 +424,7 @@ impl Log {
                     retained.insert(msg.topic.clone(), (loc, body.to_vec()));
                 }
             }
-            other => return Err(format!("unknown record kind {other}")),
+            other => return Err(RecordError::UnknownKind(other)),
         }
         Ok(())
     }
@@ -483,8 +483,8 @@ impl Log {
     }
 
     /// The record at `offset` of segment `seg` does not read back.
-    fn damaged(&self, seg: u32, offset: u64, problem: String) -> StoreError {
-        StoreError::Damaged { segment: self.path(seg), offset, problem }
+    fn damaged(&self, seg: u32, offset: u64, problem: RecordError) -> StoreError {
+        StoreError::Damaged { segment: self.path(seg), offset, source: problem }
     }
 
     fn new_segment(&mut self, n: u32) -> io::Result<()> {
@@ -598,11 +598,11 @@ impl Log {
         let Some(s) = self.index.sessions.get(&session) else { return Ok(Vec::new()) };
         let mut out = Vec::with_capacity(s.msgs.len());
         for m in s.msgs.values() {
-            let damaged = |problem: String| self.damaged(m.loc.seg, m.loc.off, problem);
+            let damaged = |problem: RecordError| self.damaged(m.loc.seg, m.loc.off, problem);
             let frame =
                 self.read(m.loc).map_err(io_error(&self.path(m.loc.seg), "cannot read a queued delivery"))?;
             let Some((kind::APPEND, body, _)) = record::unframe(&frame).map_err(damaged)? else {
-                return Err(damaged("not a delivery".into()));
+                return Err(damaged(RecordError::NotADelivery));
             };
             let (seq, delivery) = record::read_append(body, &self.clock).map_err(damaged)?;
             out.push(Stored { seq, stage: m.stage, delivery });
@@ -914,9 +914,10 @@ mod tests {
         data[first + record::FRAME_HEADER] ^= 0xFF;
         fs::write(&segment, data).unwrap();
         match DiskStore::open(&config(dir.path()), UnixClock::read()) {
-            Err(StoreError::Damaged { segment: at, offset, problem }) => {
+            Err(StoreError::Damaged { segment: at, offset, source }) => {
                 assert_eq!((at, offset), (segment, first as u64));
-                assert_eq!(problem, "record checksum mismatch");
+                assert!(matches!(source, RecordError::Checksum), "{source:?}");
+                assert_eq!(source.to_string(), "record checksum mismatch");
             }
             other => panic!("{other:?}"),
         }

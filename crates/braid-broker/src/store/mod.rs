@@ -13,7 +13,7 @@ pub use backend::{
     packet_id_for, Op, Recovered, RecoveredSession, SessionRecord, Stage, Store, StoreError, StoreStats,
     Stored, SubscriptionRecord, Ticket,
 };
-pub use record::UnixClock;
+pub use record::{RecordError, UnixClock};
 
 use std::sync::Arc;
 
@@ -25,7 +25,7 @@ use crate::config::{StoreBackend, StoreConfig};
 pub mod codec {
     use std::sync::Arc;
 
-    use super::{record, SessionRecord, UnixClock};
+    use super::{record, RecordError, SessionRecord, UnixClock};
     use crate::message::{Delivery, Message};
 
     /// A session's metadata.
@@ -34,7 +34,7 @@ pub mod codec {
     }
 
     /// Reads [`session`]'s output.
-    pub fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
+    pub fn read_session(body: &[u8]) -> Result<SessionRecord, RecordError> {
         record::read_session(body)
     }
 
@@ -44,7 +44,7 @@ pub mod codec {
     }
 
     /// Reads [`delivery`]'s output.
-    pub fn read_delivery(body: &[u8], clock: &UnixClock) -> Result<Delivery, String> {
+    pub fn read_delivery(body: &[u8], clock: &UnixClock) -> Result<Delivery, RecordError> {
         record::read_append(body, clock).map(|(_, d)| d)
     }
 
@@ -54,7 +54,7 @@ pub mod codec {
     }
 
     /// Reads [`message`]'s output (no publisher: origin 0).
-    pub fn read_message(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, String> {
+    pub fn read_message(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
         record::read_retain(body, clock)
     }
 }

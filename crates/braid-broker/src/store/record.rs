@@ -6,12 +6,67 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use braid_proto::{
-    decode, encode, ByteString, BytesMut, Connect, LastWill, Packet, Properties, ProtocolVersion, Publish,
-    QoS, Subscribe,
+    decode, encode, ByteString, BytesMut, Connect, DecodeError, LastWill, Packet, Properties,
+    ProtocolVersion, Publish, QoS, Subscribe,
 };
 
 use super::backend::{SessionRecord, Stage, SubscriptionRecord};
 use crate::message::{Delivery, Message};
+
+/// A stored record (or a record's body) that does not read back: cut short, failing its
+/// checksum, or holding what its kind does not allow.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Fewer bytes than a record header.
+    #[error("truncated record header ({len} bytes)")]
+    TruncatedHeader {
+        /// The bytes there are.
+        len: usize,
+    },
+    /// A header whose length runs past the bytes there are (or is 0).
+    #[error("truncated record (needs {needs} bytes, {left} left)")]
+    Truncated {
+        /// The length the header gives.
+        needs: usize,
+        /// The bytes after the header.
+        left: usize,
+    },
+    /// The CRC does not match the kind and body.
+    #[error("record checksum mismatch")]
+    Checksum,
+    /// A field runs past the end of the body.
+    #[error("record body too short")]
+    TooShort,
+    /// A packet in the record is cut short.
+    #[error("incomplete packet in record")]
+    IncompletePacket,
+    /// A packet in the record does not decode.
+    #[error("bad packet in record: {0}")]
+    BadPacket(#[source] DecodeError),
+    /// A packet of another type than the record holds there.
+    #[error("{record} holds no {packet}")]
+    WrongPacket {
+        /// The record: "record", "session record".
+        record: &'static str,
+        /// The packet type expected.
+        packet: &'static str,
+    },
+    /// A QoS that is not 0, 1 or 2.
+    #[error("bad QoS in record")]
+    BadQos(u8),
+    /// A shared group name that is not UTF-8.
+    #[error("bad group name in record")]
+    BadGroupName(#[source] std::str::Utf8Error),
+    /// A STAGE record without a known stage.
+    #[error("bad stage record")]
+    BadStage,
+    /// A record kind this version does not know.
+    #[error("unknown record kind {0}")]
+    UnknownKind(u8),
+    /// A record of another kind where a queued delivery was expected.
+    #[error("not a delivery")]
+    NotADelivery,
+}
 
 /// Bytes before a record's kind: length and CRC.
 pub(super) const FRAME_HEADER: usize = 8;
@@ -52,21 +107,21 @@ pub(super) type Frame<'a> = (u8, &'a [u8], usize);
 
 /// Splits the record at the start of `buf`: `Ok(Some((kind, body, total length)))`,
 /// `Ok(None)` at the end, `Err` for a truncated or damaged record.
-pub(super) fn unframe(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
+pub(super) fn unframe(buf: &[u8]) -> Result<Option<Frame<'_>>, RecordError> {
     if buf.is_empty() {
         return Ok(None);
     }
     if buf.len() < FRAME_HEADER + 1 {
-        return Err(format!("truncated record header ({} bytes)", buf.len()));
+        return Err(RecordError::TruncatedHeader { len: buf.len() });
     }
     let len = u32::from_le_bytes(buf[..4].try_into().unwrap_or_default()) as usize;
     let crc = u32::from_le_bytes(buf[4..8].try_into().unwrap_or_default());
     if len == 0 || buf.len() < FRAME_HEADER + len {
-        return Err(format!("truncated record (needs {len} bytes, {} left)", buf.len() - FRAME_HEADER));
+        return Err(RecordError::Truncated { needs: len, left: buf.len() - FRAME_HEADER });
     }
     let data = &buf[FRAME_HEADER..FRAME_HEADER + len];
     if crc32fast::hash(data) != crc {
-        return Err("record checksum mismatch".into());
+        return Err(RecordError::Checksum);
     }
     Ok(Some((data[0], &data[1..], FRAME_HEADER + len)))
 }
@@ -75,32 +130,32 @@ pub(super) fn unframe(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
 pub(super) struct Reader<'a>(pub &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
         if self.0.len() < n {
-            return Err("record body too short".into());
+            return Err(RecordError::TooShort);
         }
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
         Ok(head)
     }
     /// A u64.
-    pub(super) fn u64(&mut self) -> Result<u64, String> {
+    pub(super) fn u64(&mut self) -> Result<u64, RecordError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
     }
     /// A u32.
-    pub(super) fn u32(&mut self) -> Result<u32, String> {
+    pub(super) fn u32(&mut self) -> Result<u32, RecordError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
     }
     /// A u16.
-    pub(super) fn u16(&mut self) -> Result<u16, String> {
+    pub(super) fn u16(&mut self) -> Result<u16, RecordError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap_or_default()))
     }
     /// A byte.
-    pub(super) fn u8(&mut self) -> Result<u8, String> {
+    pub(super) fn u8(&mut self) -> Result<u8, RecordError> {
         Ok(self.take(1)?[0])
     }
     /// A u32-length-prefixed blob.
-    fn blob(&mut self) -> Result<&'a [u8], String> {
+    fn blob(&mut self) -> Result<&'a [u8], RecordError> {
         let n = self.u32()? as usize;
         self.take(n)
     }
@@ -114,12 +169,12 @@ fn put_blob(out: &mut Vec<u8>, packet: &Packet) {
     out.extend_from_slice(&buf);
 }
 
-fn get_packet(blob: &[u8]) -> Result<Packet, String> {
+fn get_packet(blob: &[u8]) -> Result<Packet, RecordError> {
     let mut buf = BytesMut::from(blob);
     match decode(&mut buf, ProtocolVersion::V5, u32::MAX) {
         Ok(Some(p)) => Ok(p),
-        Ok(None) => Err("incomplete packet in record".into()),
-        Err(e) => Err(format!("bad packet in record: {e}")),
+        Ok(None) => Err(RecordError::IncompletePacket),
+        Err(e) => Err(RecordError::BadPacket(e)),
     }
 }
 
@@ -201,8 +256,10 @@ fn message_packet(msg: &Message) -> Packet {
     })
 }
 
-fn message_from(blob: &[u8], expires_ms: u64, clock: &UnixClock) -> Result<Arc<Message>, String> {
-    let Packet::Publish(p) = get_packet(blob)? else { return Err("record holds no PUBLISH".into()) };
+fn message_from(blob: &[u8], expires_ms: u64, clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
+    let Packet::Publish(p) = get_packet(blob)? else {
+        return Err(RecordError::WrongPacket { record: "record", packet: "PUBLISH" });
+    };
     Ok(Arc::new(Message {
         topic: p.topic,
         payload: p.payload,
@@ -247,20 +304,20 @@ pub(super) fn session(r: &SessionRecord) -> Vec<u8> {
 
 /// Reads a SESSION record body. Its strings are copies of their own: slices would keep each
 /// packet's decode buffer for as long as the restored session lasts.
-pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, String> {
+pub(super) fn read_session(body: &[u8]) -> Result<SessionRecord, RecordError> {
     let mut r = Reader(body);
     let id = r.u64()?;
     let offline_since = Some(r.u64()?).filter(|t| *t != 0);
     let expiry_secs = r.u32()?;
     let Packet::Connect(c) = get_packet(r.blob()?)? else {
-        return Err("session record holds no CONNECT".into());
+        return Err(RecordError::WrongPacket { record: "session record", packet: "CONNECT" });
     };
     let n = r.u32()?;
     // Each takes at least its 4-byte length: a damaged count allocates no more than the body holds.
     let mut subscriptions = Vec::with_capacity((n as usize).min(r.0.len() / 4));
     for _ in 0..n {
         let Packet::Subscribe(s) = get_packet(r.blob()?)? else {
-            return Err("session record holds no SUBSCRIBE".into());
+            return Err(RecordError::WrongPacket { record: "session record", packet: "SUBSCRIBE" });
         };
         let sub_id = s.properties.subscription_identifiers.first().copied();
         for (filter, options) in s.filters {
@@ -299,21 +356,21 @@ pub(super) fn append(session: u64, seq: u64, d: &Delivery, clock: &UnixClock) ->
 }
 
 /// Session and sequence number at the start of an APPEND, STAGE or DONE body.
-pub(super) fn session_seq(body: &[u8]) -> Result<(u64, u64), String> {
+pub(super) fn session_seq(body: &[u8]) -> Result<(u64, u64), RecordError> {
     let mut r = Reader(body);
     Ok((r.u64()?, r.u64()?))
 }
 
 /// Reads an APPEND record body (its expiry converted by `clock`).
-pub(super) fn read_append(body: &[u8], clock: &UnixClock) -> Result<(u64, Delivery), String> {
+pub(super) fn read_append(body: &[u8], clock: &UnixClock) -> Result<(u64, Delivery), RecordError> {
     let mut r = Reader(body);
     let (_session, seq) = (r.u64()?, r.u64()?);
     let flags = r.u8()?;
-    let qos = QoS::from_u8(flags & !SHARED).ok_or("bad QoS in record")?;
+    let qos = QoS::from_u8(flags & !SHARED).ok_or(RecordError::BadQos(flags & !SHARED))?;
     let retain = r.u8()? != 0;
     let group = match flags & SHARED {
         0 => None,
-        _ => Some(std::str::from_utf8(r.blob()?).map_err(|_| "bad group name in record")?.into()),
+        _ => Some(std::str::from_utf8(r.blob()?).map_err(RecordError::BadGroupName)?.into()),
     };
     let first = r.u32()?;
     let expires = r.u64()?;
@@ -334,12 +391,12 @@ pub(super) fn stage(session: u64, seq: u64, stage: Stage) -> Vec<u8> {
 }
 
 /// The stage in a STAGE record body.
-pub(super) fn read_stage(body: &[u8]) -> Result<Stage, String> {
+pub(super) fn read_stage(body: &[u8]) -> Result<Stage, RecordError> {
     match body.get(16) {
         Some(0) => Ok(Stage::Queued),
         Some(1) => Ok(Stage::Sent),
         Some(2) => Ok(Stage::Released),
-        _ => Err("bad stage record".into()),
+        _ => Err(RecordError::BadStage),
     }
 }
 
@@ -360,7 +417,7 @@ pub(super) fn qos2(session: u64, packet_id: u16, pending: bool) -> Vec<u8> {
 }
 
 /// Reads a QOS2 record body.
-pub(super) fn read_qos2(body: &[u8]) -> Result<(u64, u16, bool), String> {
+pub(super) fn read_qos2(body: &[u8]) -> Result<(u64, u16, bool), RecordError> {
     let mut r = Reader(body);
     Ok((r.u64()?, r.u16()?, r.u8()? != 0))
 }
@@ -373,7 +430,7 @@ pub(super) fn retain(msg: &Message, clock: &UnixClock) -> Vec<u8> {
 }
 
 /// Reads a RETAIN record body (its expiry converted by `clock`).
-pub(super) fn read_retain(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, String> {
+pub(super) fn read_retain(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
     let mut r = Reader(body);
     let expires = r.u64()?;
     message_from(r.blob()?, expires, clock)
@@ -419,7 +476,9 @@ mod tests {
         let mut body = session(&r);
         let at = body.len() - 4;
         body[at..].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(read_session(&body).err().as_deref(), Some("record body too short"));
+        let err = read_session(&body).unwrap_err();
+        assert!(matches!(err, RecordError::TooShort), "{err:?}");
+        assert_eq!(err.to_string(), "record body too short");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use ring::hmac;
 
-use crate::wire::{put, take, take_n, take_text};
+use crate::wire::{put, take, take_n, take_text, WireError};
 
 /// The link protocol's version, first byte of a hello.
 const VERSION: u8 = 1;
@@ -22,6 +22,23 @@ pub(crate) enum Role {
     Dialer,
     /// The node that listened.
     Listener,
+}
+
+/// A hello (or a listener's answer) that does not read, or a refusal.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HelloError {
+    /// A field cut short or not UTF-8.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// Another version of the link protocol.
+    #[error("link protocol version {0}, this node speaks {VERSION}")]
+    Version(u8),
+    /// More bytes after the last field.
+    #[error("trailing bytes after the hello")]
+    TrailingBytes,
+    /// The listener refused the link, saying why.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 /// A node's first frame on a link.
@@ -46,16 +63,16 @@ impl Hello {
     }
 
     /// Reads a frame; an error says what is wrong with it.
-    pub(crate) fn decode(mut frame: &[u8]) -> Result<Hello, String> {
+    pub(crate) fn decode(mut frame: &[u8]) -> Result<Hello, HelloError> {
         let version = take_n::<1>(&mut frame)?[0];
         if version != VERSION {
-            return Err(format!("link protocol version {version}, this node speaks {VERSION}"));
+            return Err(HelloError::Version(version));
         }
         let node = take_text(&mut frame)?;
         let incarnation = take_text(&mut frame)?;
         let proof = take(&mut frame)?.to_vec();
         if !frame.is_empty() {
-            return Err("trailing bytes after the hello".into());
+            return Err(HelloError::TrailingBytes);
         }
         Ok(Hello { node, incarnation, proof })
     }
@@ -69,9 +86,9 @@ pub(crate) fn refusal(why: &str) -> Vec<u8> {
 }
 
 /// The listener's answer: its hello, or why it refused the link (`Err`).
-pub(crate) fn answer(frame: &[u8]) -> Result<Hello, String> {
+pub(crate) fn answer(frame: &[u8]) -> Result<Hello, HelloError> {
     match frame.split_first() {
-        Some((&REFUSAL, why)) => Err(format!("refused: {}", String::from_utf8_lossy(why))),
+        Some((&REFUSAL, why)) => Err(HelloError::Refused(String::from_utf8_lossy(why).into_owned())),
         _ => Hello::decode(frame),
     }
 }
@@ -130,12 +147,14 @@ mod tests {
         }
         let mut other = frame.clone();
         other[0] = 9;
-        assert!(Hello::decode(&other).unwrap_err().contains("version 9"));
+        let err = Hello::decode(&other).unwrap_err();
+        assert!(matches!(err, HelloError::Version(9)), "{err:?}");
+        assert!(err.to_string().contains("version 9"), "{err}");
     }
 
     #[test]
     fn a_refusal_reads_as_one() {
-        assert_eq!(answer(&refusal("wrong secret")).unwrap_err(), "refused: wrong secret");
+        assert_eq!(answer(&refusal("wrong secret")).unwrap_err().to_string(), "refused: wrong secret");
         let hello = Hello { node: "n1".into(), incarnation: "n1@5".into(), proof: vec![9; 32] };
         assert_eq!(answer(&hello.encode()).unwrap(), hello);
     }

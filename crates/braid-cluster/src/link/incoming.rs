@@ -84,7 +84,7 @@ async fn authenticate(
     let keys = exported(&stream, handshake::EXPORT_LABEL)?;
     let (mut frames, mut out) = framed(stream);
     let hello = match frames.next().await {
-        Some(Ok(frame)) => Hello::decode(&frame),
+        Some(Ok(frame)) => Hello::decode(&frame).map_err(|e| e.to_string()),
         Some(Err(e)) => Err(e.to_string()),
         None => Err("closed before its hello".into()),
     };

@@ -118,7 +118,7 @@ async fn dial(shared: &Arc<Shared>, endpoint: &Endpoint, link: &Link) -> Result<
         let hello = Hello { node: shared.me.clone(), incarnation: shared.incarnation.clone(), proof };
         out.send(Bytes::from(hello.encode())).await.map_err(|e| e.to_string())?;
         let answer = match frames.next().await {
-            Some(Ok(frame)) => handshake::answer(&frame)?,
+            Some(Ok(frame)) => handshake::answer(&frame).map_err(|e| e.to_string())?,
             Some(Err(e)) => return Err(e.to_string()),
             None => return Err("closed during the handshake".into()),
         };
