@@ -897,17 +897,21 @@ mod tests {
         assert_eq!(loaded[1].delivery.sub_ids.as_slice(), [7, 9], "a merged delivery keeps every id");
     }
 
+    /// A store directory holding two retained messages, closed.
+    fn two_retained() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
+        for topic in ["r/1", "r/2"] {
+            let msg = Message::internal(ByteString::from_static(topic), Bytes::from_static(b"x"), true);
+            store.submit(Op::Retain(msg));
+        }
+        store.close();
+        dir
+    }
+
     #[test]
     fn damage_is_reported_with_the_segment_and_offset() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
-            for topic in ["r/1", "r/2"] {
-                let msg = Message::internal(ByteString::from_static(topic), Bytes::from_static(b"x"), true);
-                store.submit(Op::Retain(msg));
-            }
-            store.close();
-        }
+        let dir = two_retained();
         let segment = dir.path().join(segment_name(1));
         let mut data = fs::read(&segment).unwrap();
         let first = SEGMENT_MAGIC.len();
@@ -925,15 +929,7 @@ mod tests {
 
     #[test]
     fn a_record_cut_short_into_zeros_is_cut_off() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = DiskStore::open(&config(dir.path()), UnixClock::read()).unwrap();
-            for topic in ["r/1", "r/2"] {
-                let msg = Message::internal(ByteString::from_static(topic), Bytes::from_static(b"x"), true);
-                store.submit(Op::Retain(msg));
-            }
-            store.close();
-        }
+        let dir = two_retained();
         // The second record's first bytes reached the disk, the rest of it and more are zeros.
         let segment = dir.path().join(segment_name(1));
         let mut data = fs::read(&segment).unwrap();
