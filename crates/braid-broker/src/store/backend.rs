@@ -10,7 +10,7 @@ use tokio::sync::{oneshot, watch};
 
 use braid_proto::{ByteString, LastWill, SubscriptionOptions};
 
-use super::record::RecordError;
+use super::record_error::RecordError;
 use crate::message::{Delivery, Message, RemoteId};
 use crate::metrics::HistogramSnapshot;
 

@@ -22,7 +22,8 @@ use tracing::{error, info, warn};
 use braid_proto::ByteString;
 
 use super::backend::{Op, Recovered, RecoveredSession, Stage, Store, StoreError, StoreStats, Stored, Ticket};
-use super::record::{self, kind, RecordError, UnixClock};
+use super::record::{self, kind, UnixClock};
+use super::record_error::RecordError;
 use crate::config::{Durability, StoreConfig};
 use crate::message::Message;
 use crate::metrics::Histogram;

@@ -8,12 +8,14 @@ mod backend;
 pub mod disk;
 pub mod memory;
 mod record;
+mod record_error;
 
 pub use backend::{
     packet_id_for, Op, Recovered, RecoveredSession, SessionRecord, Stage, Store, StoreError, StoreStats,
     Stored, SubscriptionRecord, Ticket,
 };
-pub use record::{RecordError, UnixClock};
+pub use record::UnixClock;
+pub use record_error::RecordError;
 
 use std::sync::Arc;
 
