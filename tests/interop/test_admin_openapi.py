@@ -299,12 +299,14 @@ class Admin:
 def admin(tmp_path_factory):
     """A broker with API keys, a bridge (to a port where nothing listens, so it stays down), a
     connected v5 client with a persistent session and a subscription, a retained message with
-    properties, and a packet trace of that client."""
+    properties, a packet trace of that client, and a rule."""
     keys = tmp_path_factory.mktemp("openapi") / "keys"
     made = subprocess.run([BRAID_BIN, "apikey", "add", str(keys), "openapi"], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     bridge = {"name": "openapi", "address": "127.0.0.1:1", "topic": ["openapi/bridged/# out 0"]}
-    b = Broker({"braid": {"sys.interval_secs": 1, "admin.api_keys_file": str(keys), "bridges.mqtt": [bridge]}})
+    rule = {"name": "openapi", "sql": 'SELECT topic FROM "openapi/rules/#"', "actions": ["republish:openapi/out"]}
+    b = Broker({"braid": {"sys.interval_secs": 1, "admin.api_keys_file": str(keys), "bridges.mqtt": [bridge],
+                          "rules": [rule]}})
     client = None
     try:
         client = helpers.connect_client(b, client_id=PRESENT["id"], protocol=MQTTv5, properties=helpers.v5_properties(

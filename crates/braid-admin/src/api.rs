@@ -46,6 +46,8 @@ pub(crate) fn routes() -> Router<Arc<Admin>> {
         .route("/nodes/{node}/drain", post(drain).delete(cancel_drain))
         .route("/cluster/rebalance", post(rebalance))
         .route("/bridges", get(bridges))
+        .route("/rules", get(crate::rules::list))
+        .route("/rules/test", post(crate::rules::test))
         .route("/reload", post(reload))
         .route("/traces", get(traces).post(start_trace))
         .route("/traces/{name}", axum::routing::delete(stop_trace))
@@ -72,7 +74,7 @@ impl IntoResponse for ApiError {
 }
 
 /// A JSON body whose rejection is the API's error ([`ApiError`], naming the problem).
-struct Body<T>(T);
+pub(crate) struct Body<T>(pub(crate) T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = Response;

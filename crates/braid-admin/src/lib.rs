@@ -15,6 +15,7 @@ pub mod keys;
 mod api;
 mod dashboard;
 mod prom;
+mod rules;
 
 use std::io;
 use std::net::SocketAddr;

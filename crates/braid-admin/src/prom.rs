@@ -153,6 +153,16 @@ pub(crate) fn render(broker: &Broker, started: Instant) -> String {
     for report in broker.operators().reports() {
         report.samples(&mut samples);
     }
+    for r in broker.rules().reports() {
+        let counted = [
+            ("braid_rule_matched_total", "Messages a rule selected (FROM matched, WHERE held).", r.matched),
+            ("braid_rule_passed_total", "Messages a rule selected that every action took.", r.passed),
+            ("braid_rule_failed_total", "Messages a rule selected that an action failed on.", r.failed),
+        ];
+        for (name, help, value) in counted {
+            samples.push(Sample::counter(name, help, value).with("rule", r.config.name.clone()));
+        }
+    }
     let mut text = String::with_capacity(8 * 1024);
     write_samples(&mut text, &samples);
     if let Some(syncs) = &store.syncs {

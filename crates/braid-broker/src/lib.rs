@@ -4,7 +4,7 @@
 //! [`transport`] ([`transport::tcp`]: plain TCP accepts and the wait for CONNECT;
 //! [`transport::listener`]: TLS, WebSocket; [`transport::tls`] loads the certificates; QUIC),
 //! [`connection`] (one client: reader and writer), [`broker`] (the sans-IO core), [`router`]
-//! (topic trie and shared groups), [`retained`], [`session`] (sans-IO per-client state).
+//! (topic trie and shared groups), [`retained`], [`rules`] (`[[rules]]`), [`session`] (sans-IO per-client state).
 //! [`broker::Broker`] ties them together.
 
 pub mod auth;
@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod report;
 pub mod retained;
 pub mod router;
+pub mod rules;
 pub mod server;
 pub mod session;
 pub mod store;

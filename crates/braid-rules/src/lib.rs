@@ -19,6 +19,7 @@
 //! but the payload, at most once and only when the rule reads `payload.*`, and never fails: a
 //! message the rule does not select gives `None`. See docs/rules.md for the dialect.
 
+mod action;
 mod compile;
 mod context;
 mod error;
@@ -34,6 +35,7 @@ mod tests;
 use braid_proto::topic;
 use serde_json::{Map, Value};
 
+pub use action::Action;
 pub use context::Context;
 pub use error::{Position, RuleError};
 pub use events::Event;

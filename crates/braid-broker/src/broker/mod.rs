@@ -20,6 +20,7 @@ mod pubsub;
 mod recovery;
 mod registry;
 pub mod remote;
+mod rules;
 mod timers;
 
 use std::borrow::Borrow;
@@ -46,6 +47,7 @@ use crate::metrics::Metrics;
 use crate::report::Report;
 use crate::retained::Retained;
 use crate::router::{Confirm, Router};
+use crate::rules::Rules;
 use crate::session::{Restore, Session, Wakes};
 use crate::store::{self, Store, StoreError, Ticket, UnixClock};
 use crate::trace::Tracer;
@@ -102,6 +104,8 @@ pub struct Broker {
     reports: RwLock<Vec<Arc<dyn Report>>>,
     /// Packet traces started by operators.
     tracer: Tracer,
+    /// `[[rules]]`, compiled.
+    rules: Rules,
 }
 
 impl Broker {
@@ -298,6 +302,7 @@ impl Broker {
         let started = clock.at();
         let router = Router::new(config.shared.strategy, config.mqtt.overlapping);
         let live = RwLock::new(Arc::new(Live::of(&config)));
+        let compiled_rules = Rules::compile(&config.rules);
         let broker = Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),
@@ -320,6 +325,7 @@ impl Broker {
             balancer: OnceLock::new(),
             reports: RwLock::new(Vec::new()),
             tracer: Tracer::default(),
+            rules: compiled_rules,
         });
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker

@@ -13,6 +13,7 @@ mod error;
 mod limits;
 mod listeners;
 mod mqtt;
+mod rules;
 mod runtime;
 mod security;
 mod store;
@@ -37,6 +38,7 @@ pub use mqtt::{
     ListenerPolicies, MqttConfig, OverflowPolicy, Overlapping, QueuePolicy, SessionConfig, SharedConfig,
     SharedStrategy, SysConfig,
 };
+pub use rules::RuleConfig;
 pub use runtime::{LogConfig, RuntimeConfig};
 pub use security::{AclConfig, AclPolicy, AuthConfig, DeniedPublish};
 pub use store::{Durability, StoreBackend, StoreConfig};
@@ -77,6 +79,8 @@ pub struct Config {
     pub bridges: BridgesConfig,
     /// The HTTP admin listener's authentication and limits (see `docs/api.md`).
     pub admin: AdminConfig,
+    /// Rules run on what clients publish (`[[rules]]`, see `docs/rules.md`).
+    pub rules: Vec<RuleConfig>,
 }
 
 impl Config {
@@ -139,6 +143,7 @@ impl Config {
         self.tls.validate()?;
         self.store.validate()?;
         admin::validate(self)?;
+        rules::validate(&self.rules)?;
         self.cluster.validate()
     }
 }

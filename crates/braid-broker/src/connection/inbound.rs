@@ -21,6 +21,7 @@ use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
 use crate::router::Confirm;
+use crate::rules::Publisher;
 use crate::session::{Qos2Ids, Session, Wakes};
 use crate::store::Ticket;
 use crate::trace::Direction;
@@ -478,8 +479,12 @@ impl<'a> Inbound<'a> {
                 (Some(ack), ticket)
             }
         };
+        let for_rules = (!self.broker.rules().is_empty()).then(|| msg.clone());
         let mut published = self.broker.publish(msg, now);
         self.wakes.append(&mut published.wakes);
+        if let Some(msg) = for_rules {
+            self.apply_rules(&msg, now);
+        }
         ticket = ticket.max(published.ticket);
         let confirms = published.confirms;
         if !published.held.is_empty() {
@@ -496,6 +501,18 @@ impl<'a> Inbound<'a> {
             return receive_maximum_exceeded();
         }
         Flow::Continue
+    }
+
+    /// Runs the broker's rules on `msg`, which this client published, with who it is.
+    fn apply_rules(&mut self, msg: &Message, now: Instant) {
+        let (username, peer) = {
+            let st = self.session.lock();
+            let origin = st.link.as_ref().map(|l| &l.origin);
+            (origin.and_then(|o| o.username.clone()), origin.map(|o| o.peer))
+        };
+        let publisher = Publisher { username: username.as_deref(), peer };
+        let mut published = self.broker.apply_rules(msg, publisher, now);
+        self.wakes.append(&mut published.wakes);
     }
 
     /// Sends an acknowledgement once the store changes it confirms (up to `ticket`) are on

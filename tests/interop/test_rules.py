@@ -1,0 +1,79 @@
+"""Rules (`[[rules]]`, docs/rules.md): a rule selects what clients publish with EMQX's SQL and
+republishes its output; the API lists the rules with their counters and tests a rule on a sample;
+a rule that does not compile keeps the broker from starting, naming the key and the position.
+Publishers are mosquitto_pub and paho, the subscriber paho."""
+import json
+import subprocess
+import time
+
+import pytest
+
+import helpers
+from conftest import BRAID_BIN, free_port
+from test_admin_api import Api, admin_broker, metric
+
+pytestmark = pytest.mark.braid_only
+
+HOT = {
+    "name": "hot",
+    "sql": 'SELECT clientid, payload.temp AS temp, topic FROM "sensors/+/temp" WHERE payload.temp > 30',
+    "actions": ["republish:alerts/${clientid}"],
+}
+
+
+def test_a_rule_republishes_what_its_where_selects(make_broker, connect):
+    broker, port = admin_broker(make_broker, rules=[HOT])
+    watcher = connect(broker)
+    watcher.subscribe("alerts/#", qos=1)
+    for temp in (31.5, 20):
+        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-i", "dev1", "-q", "1",
+                        "-t", "sensors/dev1/temp", "-m", json.dumps({"temp": temp, "hum": 40})],
+                       check=True, timeout=10)
+    publisher = connect(broker, client_id="dev2")
+    publisher.publish("sensors/dev2/temp", b"not json", qos=1)  # a string payload: no temp, no match
+    publisher.publish("sensors/dev2/hum", json.dumps({"temp": 99}).encode(), qos=1)  # FROM does not match
+    [m] = watcher.wait_messages(1)
+    assert m.topic == "alerts/dev1"
+    assert json.loads(m.payload) == {"clientid": "dev1", "temp": 31.5, "topic": "sensors/dev1/temp"}
+    watcher.expect_no_message(0.5)
+    status, body = Api(port).get("/api/v1/rules")
+    assert status == 200
+    [rule] = body["data"]
+    assert (rule["name"], rule["matched"], rule["passed"], rule["failed"]) == ("hot", 1, 1, 0)
+    status, text = Api(port).get("/metrics", raw=True)
+    assert metric(text, "braid_rule_matched_total", rule="hot") == 1
+
+
+def test_the_rule_tester_answers_the_output_or_names_the_problem(make_broker):
+    _, port = admin_broker(make_broker)
+    api = Api(port)
+    status, body = api.call("POST", "/api/v1/rules/test", {
+        "sql": 'SELECT payload.temp AS t, upper(clientid) AS who FROM "s/#" WHERE payload.temp > 3',
+        "context": {"topic": "s/a", "payload": "{\"temp\": 5}", "clientid": "c1"},
+    })
+    assert (status, body) == (200, {"matched": True, "output": {"t": 5, "who": "C1"}})
+    status, body = api.call("POST", "/api/v1/rules/test", {
+        "sql": 'SELECT payload.temp FROM "s/#" WHERE payload.temp > 3',
+        "context": {"topic": "s/a", "payload": "{\"temp\": 1}"},
+    })
+    assert (status, body) == (200, {"matched": False})
+    status, body = api.call("POST", "/api/v1/rules/test", {"sql": 'SELECT lenght(topic) FROM "s/#"'})
+    assert status == 400 and "lenght" in body["error"] and "line 1, column" in body["error"], body
+    status, body = api.call("POST", "/api/v1/rules/test", {"sql": "SELECT"})
+    assert status == 400, body
+
+
+@pytest.mark.parametrize("rule, key, words", [
+    ({**HOT, "sql": 'SELECT paylod.temp FROM "s/#"'}, "rules[0].sql", "paylod"),
+    ({**HOT, "sql": 'SELECT * FROM "s/#" GROUP BY topic'}, "rules[0].sql", "GROUP BY"),
+    ({**HOT, "actions": ["pg_hot"]}, "rules[0].actions[0]", "sinks are not available yet"),
+    ({**HOT, "actions": ["republish:a/#"]}, "rules[0].actions[0]", "+ or #"),
+    ({**HOT, "actions": []}, "rules[0].actions", "at least one action"),
+])
+def test_a_rule_that_does_not_compile_stops_the_start_naming_key_and_problem(rule, key, words, tmp_path):
+    value = "[{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in rule.items()) + "}]"
+    r = subprocess.run([BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
+                        "--set", f"store.data_dir={json.dumps(str(tmp_path))}", "--set", f"rules={value}"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode != 0
+    assert key in r.stderr and words in r.stderr, r.stderr
