@@ -77,3 +77,22 @@ def test_a_rule_that_does_not_compile_stops_the_start_naming_key_and_problem(rul
                        capture_output=True, text=True, timeout=20)
     assert r.returncode != 0
     assert key in r.stderr and words in r.stderr, r.stderr
+
+
+def test_client_events_are_rule_sources(make_broker, connect):
+    rules = [{"name": "seen", "actions": ["republish:events/${event}/${clientid}"],
+              "sql": 'SELECT event, clientid, username, proto_ver, reason FROM '
+                     '"$events/client_connected", "$events/client_disconnected"'}]
+    broker, _ = admin_broker(make_broker, rules=rules)
+    watcher = connect(broker)
+    watcher.subscribe("events/#", qos=1)
+    subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-i", "dev9", "-u", "alice",
+                    "-V", "mqttv5", "-t", "x", "-m", "y"], check=True, timeout=10)
+    got = sorted((m.topic, json.loads(m.payload)) for m in watcher.wait_messages(2))
+    assert got == [
+        ("events/client.connected/dev9",  # a field the source lacks is null
+         {"event": "client.connected", "clientid": "dev9", "username": "alice", "proto_ver": 5, "reason": None}),
+        ("events/client.disconnected/dev9",
+         {"event": "client.disconnected", "clientid": "dev9", "username": "alice", "proto_ver": 5,
+          "reason": "normal"}),
+    ], got

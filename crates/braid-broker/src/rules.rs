@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tracing::warn;
 
 use braid_proto::topic::valid_topic_name;
-use braid_proto::Publish;
+use braid_proto::{Publish, QoS};
 use braid_rules::{Action, Context, Event, Rule, Template};
 
 use crate::config::RuleConfig;
@@ -130,7 +130,7 @@ impl Rules {
         msg: &Message,
         publisher: Publisher<'_>,
         timestamp: i64,
-        mut republish: impl FnMut(Publish),
+        republish: impl FnMut(Publish),
     ) {
         let peerhost = publisher.peer.map(|p| p.ip().to_string());
         let ctx = Context {
@@ -147,8 +147,26 @@ impl Rules {
             user_properties: &msg.properties.user_properties,
             fields: &[],
         };
+        self.run(&ctx, msg.qos, republish);
+    }
+
+    /// True when a rule takes `event` as a source: the caller makes the event's context only
+    /// then.
+    pub fn wants(&self, event: Event) -> bool {
+        self.rules.iter().any(|r| r.rule.matches_event(event))
+    }
+
+    /// Runs the rules on a client event (`ctx.event`, not a publish); what they republish goes
+    /// out at QoS 0.
+    pub fn on_event(&self, ctx: &Context<'_>, republish: impl FnMut(Publish)) {
+        self.run(ctx, QoS::AtMostOnce, republish);
+    }
+
+    /// Runs every rule on `ctx`, handing what `republish:` actions make, at `qos`, to
+    /// `republish`.
+    fn run(&self, ctx: &Context<'_>, qos: QoS, mut republish: impl FnMut(Publish)) {
         for r in &self.rules {
-            let Some(output) = r.rule.apply(&ctx) else { continue };
+            let Some(output) = r.rule.apply(ctx) else { continue };
             r.counts.matched.fetch_add(1, Ordering::Relaxed);
             let payload = Bytes::from(serde_json::Value::Object(output.clone()).to_string());
             let mut failed = None;
@@ -160,7 +178,7 @@ impl Rules {
                 }
                 republish(Publish {
                     dup: false,
-                    qos: msg.qos,
+                    qos,
                     retain: false,
                     topic: topic.into(),
                     packet_id: 0,

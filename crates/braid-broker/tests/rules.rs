@@ -67,3 +67,84 @@ fn a_republished_message_does_not_run_the_rules_again_and_a_bad_topic_is_counted
     assert_eq!((report.matched, report.passed, report.failed), (1, 0, 1));
     assert!(report.last_error.as_deref().is_some_and(|e| e.contains("out/a/#")), "{:?}", report.last_error);
 }
+
+/// The payloads a client subscribed to `events/#` got, as JSON.
+fn events(h: &mut Harness<'_>, w: braid_broker::harness::ClientKey) -> Vec<serde_json::Value> {
+    h.received(w)
+        .into_iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) if p.topic.starts_with("events/") => serde_json::from_slice(&p.payload).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn client_events_reach_rules_with_emqx_fields() {
+    let mut config = Config::embedded();
+    let rule = |name: &str, sql: &str| RuleConfig {
+        name: name.into(),
+        sql: sql.into(),
+        actions: vec!["republish:events/${event}/${clientid}".into()],
+    };
+    config.rules = vec![
+        rule(
+            "conn",
+            r#"SELECT event, clientid, proto_ver, keepalive, clean_start FROM "$events/client_connected""#,
+        ),
+        rule("gone", r#"SELECT event, clientid, reason FROM "$events/client_disconnected""#),
+        rule(
+            "subs",
+            r#"SELECT event, clientid, topic, qos FROM "$events/session_subscribed", "$events/session_unsubscribed""#,
+        ),
+    ];
+    let b = Broker::new(config);
+    let mut h = Harness::new(&b);
+    let (w, _) = h.connect(connect_packet("watcher", true));
+    h.send(w, Packet::Subscribe(subscribe("events/#", QoS::AtMostOnce)));
+    h.received(w);
+    let c = Connect { keep_alive: 10, ..connect_packet("dev", true) };
+    let (d, _) = h.connect(c);
+    h.send(d, Packet::Subscribe(subscribe("cmd/dev", QoS::AtLeastOnce)));
+    let filters = vec!["cmd/dev".into()];
+    h.send(
+        d,
+        Packet::Unsubscribe(braid_proto::Unsubscribe {
+            packet_id: 2,
+            properties: Properties::default(),
+            filters,
+        }),
+    );
+    let got = events(&mut h, w);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0]["event"], "client.connected");
+    assert_eq!(
+        (&got[0]["clientid"], &got[0]["proto_ver"], &got[0]["keepalive"]),
+        (&"dev".into(), &5.into(), &10.into())
+    );
+    assert_eq!(got[0]["clean_start"], true);
+    assert_eq!(
+        (&got[1]["event"], &got[1]["topic"], &got[1]["qos"]),
+        (&"session.subscribed".into(), &"cmd/dev".into(), &1.into())
+    );
+    assert_eq!((&got[2]["event"], &got[2]["topic"]), (&"session.unsubscribed".into(), &"cmd/dev".into()));
+    // Silent past 1.5 times its keep alive: closed, and the rule says why.
+    h.advance(std::time::Duration::from_secs(16));
+    let got = events(&mut h, w);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        (&got[0]["event"], &got[0]["reason"]),
+        (&"client.disconnected".into(), &"keepalive_timeout".into())
+    );
+    let (e, _) = h.connect(connect_packet("polite", true));
+    h.received(w);
+    h.send(
+        e,
+        Packet::Disconnect(Disconnect { reason: ReasonCode::Success, properties: Properties::default() }),
+    );
+    let got = events(&mut h, w);
+    assert_eq!(
+        got.iter().map(|g| (g["clientid"].as_str(), g["reason"].as_str())).collect::<Vec<_>>(),
+        [(Some("polite"), Some("normal"))]
+    );
+}

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use braid_proto::{ByteString, LastWill, Publish};
 
+use braid_rules::Event;
+
+use super::rules::{disconnect_reason, Who};
 use super::timers::Timer;
 use super::{split_filter, Broker, Ending, SWEEP_INTERVAL};
 use crate::control::Due;
@@ -21,13 +24,14 @@ impl Broker {
     /// members of those groups (see [`crate::session::SessionState::take_shared`]).
     pub fn disconnected(&self, session: &Arc<Session>, generation: u64, ending: Ending, now: Instant) {
         let others = self.other_members(session);
-        let (will_delay, expiry, ctl, transport, taken) = {
+        let (will_delay, expiry, ctl, transport, taken, who) = {
             let mut st = session.lock();
             let ctl = st.link.as_ref().map(|l| l.ctl.clone());
             let transport = st.link.as_ref().and_then(|l| l.origin.transport);
             if !st.is_attached(generation) {
                 return;
             }
+            let who = if self.rules_want(Event::ClientDisconnected) { Who::of(&st) } else { None };
             let taken = st.take_shared(&others);
             st.detach(generation);
             if ending != Ending::WithWill {
@@ -35,8 +39,20 @@ impl Broker {
             }
             // Saved with a delayed will, so a restart before the delay still sends it.
             st.save(self.unix_secs(now));
-            (st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)), st.expiry_secs, ctl, transport, taken)
+            (
+                st.will.as_ref().map(|w| will_delay(w, st.expiry_secs)),
+                st.expiry_secs,
+                ctl,
+                transport,
+                taken,
+                who,
+            )
         };
+        if let Some(who) = who {
+            let reason =
+                disconnect_reason(ending, ctl.as_ref().filter(|c| c.is_closed()).map(|c| c.reason()));
+            self.raise_disconnected(&session.client_id, &who, reason, now);
+        }
         self.hand_to_other_members(session, &others, taken, now);
         session.release_publishers(Release::All);
         self.metrics.client_disconnected(transport);

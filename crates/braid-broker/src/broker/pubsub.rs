@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::router::{Forward, RemoteRef, Scope, SubEntry, Subscriber, Target};
 use crate::session::{Enqueued, OtherMembers, Session, Wakes};
 use crate::store::{Op, SubscriptionRecord, Ticket};
+use braid_rules::Event;
 
 impl Broker {
     /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
@@ -37,6 +38,7 @@ impl Broker {
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
         let mut retained_for = Vec::new();
+        let mut subscribed = self.rules_want(Event::SessionSubscribed).then(Vec::new);
         for (filter, mut options) in sub.filters {
             let Some((inner, group)) = split_filter(&filter) else {
                 reasons.push(ReasonCode::TopicFilterInvalid);
@@ -54,6 +56,9 @@ impl Broker {
             // An own copy of the filter: a slice would keep the whole read buffer the
             // SUBSCRIBE arrived in for as long as the subscription lasts.
             let key = ByteString::from(&*filter);
+            if let Some(subscribed) = &mut subscribed {
+                subscribed.push((key.clone(), options.qos as u8));
+            }
             session.lock().subscriptions.insert(key, SubscriptionRecord { options, sub_id });
             reasons.push(match options.qos {
                 QoS::AtMostOnce => ReasonCode::Success,
@@ -70,6 +75,9 @@ impl Broker {
             }
         }
         session.lock().save(self.unix_secs(now));
+        if let Some(subscribed) = subscribed {
+            self.raise_subscriptions(Event::SessionSubscribed, session, &subscribed, now);
+        }
         let mut wakes = Wakes::default();
         for (filter, qos) in retained_for {
             let matching = self.retained.read().matching(&filter, now);
@@ -113,12 +121,16 @@ impl Broker {
         now: Instant,
     ) -> UnsubAck {
         let mut reasons = Vec::with_capacity(unsub.filters.len());
+        let mut unsubscribed = self.rules_want(Event::SessionUnsubscribed).then(Vec::new);
         for filter in unsub.filters {
             let reason = match split_filter(&filter) {
                 None => ReasonCode::TopicFilterInvalid,
                 Some((inner, group)) => {
                     let existed = self.router.write().unsubscribe(inner, group, session.id);
-                    session.lock().subscriptions.remove(&filter);
+                    let record = session.lock().subscriptions.remove(&filter);
+                    if let (Some(unsubscribed), Some(record)) = (&mut unsubscribed, record) {
+                        unsubscribed.push((ByteString::from(&*filter), record.options.qos as u8));
+                    }
                     if existed {
                         ReasonCode::Success
                     } else {
@@ -129,6 +141,9 @@ impl Broker {
             reasons.push(reason);
         }
         session.lock().save(self.unix_secs(now));
+        if let Some(unsubscribed) = unsubscribed {
+            self.raise_subscriptions(Event::SessionUnsubscribed, session, &unsubscribed, now);
+        }
         if !version.is_v5() {
             reasons.clear();
         }

@@ -9,6 +9,9 @@ use braid_proto::{
     ByteString, ConnAck, Connect, Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions,
 };
 
+use braid_rules::Event;
+
+use super::rules::Who;
 use super::{split_filter, Accepted, Broker, ById, ClusterSide, Connected, WillOnRelease};
 use crate::control::ConnControl;
 use crate::router::{RemoteRef, SubEntry};
@@ -131,6 +134,7 @@ impl Broker {
         let mut link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
         let transport = origin.transport;
         (origin.keep_alive, origin.connected_at) = (keep_alive, self.unix_secs(now));
+        let connected = self.rules_want(Event::ClientConnected).then(|| Who::new(&origin, c.protocol));
         link.origin = origin;
         let (generation, restore) = {
             let mut st = session.lock();
@@ -147,6 +151,9 @@ impl Broker {
             (generation, st.load())
         };
         self.metrics.client_connected(transport);
+        if let Some(who) = connected {
+            self.raise_connected(&session.client_id, &who, c, (keep_alive, expiry), now);
+        }
         if self.shutdown.is_cancelled() {
             // Attached after close_all() swept the sessions: close it here instead.
             ctl.close(ReasonCode::ServerShuttingDown);

@@ -1,12 +1,20 @@
 //! The broker's side of rules (see [`crate::rules`]): they run on a client's PUBLISH once it
-//! is routed, and what they republish is routed as the broker routes its own messages (`$SYS`,
-//! wills): no ACL, and no rule runs on it again.
+//! is routed, and on the client events (connected, disconnected, subscribed, unsubscribed)
+//! when a rule takes them, with no lock held; what they republish is routed as the broker
+//! routes its own messages (`$SYS`, wills): no ACL, and no rule runs on it again.
 
+use std::net::SocketAddr;
 use std::time::Instant;
 
+use braid_proto::{ByteString, Connect, ProtocolVersion, ReasonCode};
+use braid_rules::{Context, Event};
+use serde_json::Value;
+
+use super::Ending;
 use super::{Broker, Published};
 use crate::message::Message;
 use crate::rules::{Publisher, Rules};
+use crate::session::{Origin, Session, SessionState};
 
 impl Broker {
     /// The rules, with their counters.
@@ -24,5 +32,130 @@ impl Broker {
             out.wakes.append(&mut published.wakes);
         });
         out
+    }
+}
+
+/// Who a client event is about: what its connection told the broker.
+#[derive(Debug, Clone)]
+pub(super) struct Who {
+    username: Option<Box<str>>,
+    peer: SocketAddr,
+    version: ProtocolVersion,
+}
+
+impl Who {
+    /// A client that came from `origin` speaking `version`.
+    pub(super) fn new(origin: &Origin, version: ProtocolVersion) -> Who {
+        Who { username: origin.username.clone(), peer: origin.peer, version }
+    }
+
+    /// The attached connection of `st`, if any.
+    pub(super) fn of(st: &SessionState) -> Option<Who> {
+        st.link.as_ref().map(|l| Who::new(&l.origin, l.version))
+    }
+
+    fn proto(&self) -> [(&'static str, Value); 3] {
+        let name = if self.version == ProtocolVersion::V3_1 { "MQIsdp" } else { "MQTT" };
+        [
+            ("peername", Value::from(self.peer.to_string())),
+            ("proto_name", Value::from(name)),
+            ("proto_ver", Value::from(self.version as u8)),
+        ]
+    }
+}
+
+impl Broker {
+    /// True when a rule takes `event` as a source.
+    pub(super) fn rules_want(&self, event: Event) -> bool {
+        !self.rules.is_empty() && self.rules.wants(event)
+    }
+
+    /// `$events/client_connected` for `client_id`, who connected at `now` as `who` with
+    /// `connect`'s settings (keep alive and session expiry as granted).
+    pub(super) fn raise_connected(
+        &self,
+        client_id: &str,
+        who: &Who,
+        connect: &Connect,
+        (keep_alive, expiry): (u16, u32),
+        now: Instant,
+    ) {
+        let at = self.clock.unix_ms(now) as i64;
+        let mut fields: Vec<(&str, Value)> = who.proto().into();
+        fields.extend([
+            ("keepalive", Value::from(keep_alive)),
+            ("clean_start", Value::from(connect.clean_start)),
+            ("expiry_interval", Value::from(expiry)),
+            ("is_bridge", Value::from(false)),
+            ("connected_at", Value::from(at)),
+        ]);
+        self.raise(Event::ClientConnected, client_id, who, ("", 0), &fields, now);
+    }
+
+    /// `$events/client_disconnected` for `client_id`, whose connection (`who`) ended at `now`
+    /// for `reason` (EMQX's words: `normal`, `takenover`, `kicked`, `keepalive_timeout`, ...).
+    pub(super) fn raise_disconnected(&self, client_id: &str, who: &Who, reason: &str, now: Instant) {
+        let at = self.clock.unix_ms(now) as i64;
+        let mut fields: Vec<(&str, Value)> = who.proto().into();
+        fields.extend([("reason", Value::from(reason)), ("disconnected_at", Value::from(at))]);
+        self.raise(Event::ClientDisconnected, client_id, who, ("", 0), &fields, now);
+    }
+
+    /// `$events/session_subscribed` or `session_unsubscribed` for each of `filters` (with the
+    /// QoS granted) of `session`, at `now`.
+    pub(super) fn raise_subscriptions(
+        &self,
+        event: Event,
+        session: &Session,
+        filters: &[(ByteString, u8)],
+        now: Instant,
+    ) {
+        let Some(who) = Who::of(&session.lock()) else { return };
+        for (filter, qos) in filters {
+            self.raise(event, &session.client_id, &who, (filter, *qos), &[], now);
+        }
+    }
+
+    /// Runs the rules that take `event` and routes what they republish (its subscribers are
+    /// woken as each routing's result drops: no lock is held here).
+    fn raise(
+        &self,
+        event: Event,
+        client_id: &str,
+        who: &Who,
+        (topic, qos): (&str, u8),
+        fields: &[(&str, Value)],
+        now: Instant,
+    ) {
+        let peerhost = who.peer.ip().to_string();
+        let ctx = Context {
+            event,
+            clientid: client_id,
+            username: who.username.as_deref(),
+            peerhost: Some(&peerhost),
+            topic,
+            qos,
+            timestamp: self.clock.unix_ms(now) as i64,
+            fields,
+            ..Context::default()
+        };
+        let origin_client = ByteString::from(client_id);
+        self.rules.on_event(&ctx, |p| {
+            drop(self.publish(Message::from_publish(p, now, 0, origin_client.clone()), now));
+        });
+    }
+}
+
+/// Why a connection ended, in EMQX's words for `client_disconnected`'s `reason`: how it
+/// `ending`ed, and the reason the broker closed it with, if it did.
+pub(super) fn disconnect_reason(ending: Ending, closed_with: Option<ReasonCode>) -> &'static str {
+    match (ending, closed_with) {
+        (Ending::Normal, _) => "normal",
+        (_, Some(ReasonCode::AdministrativeAction)) => "kicked",
+        (_, Some(ReasonCode::KeepAliveTimeout)) => "keepalive_timeout",
+        (_, Some(ReasonCode::ServerShuttingDown)) => "shutdown",
+        (_, Some(ReasonCode::UseAnotherServer)) => "discarded",
+        (_, Some(ReasonCode::ProtocolError | ReasonCode::MalformedPacket)) => "protocol_error",
+        _ => "sock_closed",
     }
 }
