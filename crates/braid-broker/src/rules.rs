@@ -3,6 +3,7 @@
 //! Evaluating a rule is pure work on the message: no I/O, no clock (the time is passed in),
 //! nothing spawned; the caller routes what the rules republish ([`Rules::apply`]).
 
+use std::cell::OnceCell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -165,8 +166,9 @@ impl Rules {
     /// Runs every rule on `ctx`, handing what `republish:` actions make, at `qos`, to
     /// `republish`.
     fn run(&self, ctx: &Context<'_>, qos: QoS, mut republish: impl FnMut(Publish)) {
+        let payload = OnceCell::new();
         for r in &self.rules {
-            let Some(output) = r.rule.apply(ctx) else { continue };
+            let Some(output) = r.rule.apply_sharing(ctx, &payload) else { continue };
             r.counts.matched.fetch_add(1, Ordering::Relaxed);
             let payload = Bytes::from(serde_json::Value::Object(output.clone()).to_string());
             let mut failed = None;

@@ -10,16 +10,17 @@ use crate::compile::{ArithOp, CmpOp, Expr, Output};
 use crate::context::{Context, Field};
 use crate::value::{equal, number, order, step, truthy, Num, Step};
 
-/// One evaluation: the context, and its payload parsed as JSON the first time a path needs it.
+/// One evaluation: the context, and its payload parsed as JSON the first time a path needs it
+/// (shared by the rules run on one message).
 pub(crate) struct Eval<'c, 'a> {
     ctx: &'c Context<'a>,
-    payload: OnceCell<Value>,
+    payload: &'c OnceCell<Value>,
 }
 
 impl<'c, 'a> Eval<'c, 'a> {
-    /// An evaluation of `ctx`.
-    pub(crate) fn new(ctx: &'c Context<'a>) -> Self {
-        Eval { ctx, payload: OnceCell::new() }
+    /// An evaluation of `ctx`, its payload parsed into `payload` when first read.
+    pub(crate) fn new(ctx: &'c Context<'a>, payload: &'c OnceCell<Value>) -> Self {
+        Eval { ctx, payload }
     }
 
     /// True when `e` is the boolean `true`.

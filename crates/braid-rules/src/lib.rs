@@ -32,6 +32,8 @@ mod value;
 #[cfg(test)]
 mod tests;
 
+use std::cell::OnceCell;
+
 use braid_proto::topic;
 use serde_json::{Map, Value};
 
@@ -86,6 +88,13 @@ impl Rule {
     /// Runs the rule on `ctx`: `None` when `ctx` is not from one of its sources or WHERE does
     /// not hold, otherwise the object SELECT makes.
     pub fn apply(&self, ctx: &Context<'_>) -> Option<Map<String, Value>> {
+        self.apply_sharing(ctx, &OnceCell::new())
+    }
+
+    /// [`Rule::apply`], with `payload` holding the payload parsed as JSON once the first rule
+    /// that reads it has parsed it: rules run on one message share one `OnceCell`, so the
+    /// payload is parsed once, however many rules read it.
+    pub fn apply_sharing(&self, ctx: &Context<'_>, payload: &OnceCell<Value>) -> Option<Map<String, Value>> {
         let selected = match ctx.event {
             Event::MessagePublish => self.matches_topic(ctx.topic),
             event => self.query.events.contains(&event),
@@ -93,7 +102,7 @@ impl Rule {
         if !selected {
             return None;
         }
-        let eval = eval::Eval::new(ctx);
+        let eval = eval::Eval::new(ctx, payload);
         if let Some(condition) = &self.query.condition {
             if !eval.test(condition) {
                 return None;

@@ -480,3 +480,20 @@ fn templates_render_rule_outputs() {
     let all = rule(r#"SELECT * FROM "t/#""#).apply(&message("t/1", br#"{"temp": 22}"#)).unwrap();
     assert_eq!(Template::parse("${payload.temp}").unwrap().render(&all), "22");
 }
+
+#[test]
+fn rules_run_on_one_message_share_its_parsed_payload() {
+    let hot = Rule::compile("hot", r#"SELECT payload.temp AS t FROM "s/#" WHERE payload.temp > 30"#).unwrap();
+    let topic_only = Rule::compile("t", r#"SELECT topic FROM "s/#""#).unwrap();
+    let ctx = Context { topic: "s/a", payload: br#"{"temp": 31}"#, ..Context::default() };
+    let parsed = std::cell::OnceCell::new();
+    assert!(topic_only.apply_sharing(&ctx, &parsed).is_some());
+    assert!(parsed.get().is_none(), "a rule that reads no payload field parses nothing");
+    assert_eq!(hot.apply_sharing(&ctx, &parsed).unwrap()["t"], 31);
+    assert_eq!(
+        parsed.get().map(|v| v["temp"].clone()),
+        Some(31.into()),
+        "parsed once, kept for the next rule"
+    );
+    assert_eq!(hot.apply_sharing(&ctx, &parsed).unwrap()["t"], 31);
+}
