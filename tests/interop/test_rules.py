@@ -57,6 +57,14 @@ def test_the_rule_tester_answers_the_output_or_names_the_problem(make_broker):
         "context": {"topic": "s/a", "payload": "{\"temp\": 1}"},
     })
     assert (status, body) == (200, {"matched": False})
+    status, body = api.call("POST", "/api/v1/rules/test", {
+        "sql": 'SELECT clientid, keepalive FROM "$events/client_connected" WHERE keepalive < 60',
+        "context": {"event": "client.connected", "clientid": "c1", "keepalive": 30},
+    })
+    assert (status, body) == (200, {"matched": True, "output": {"clientid": "c1", "keepalive": 30}})
+    status, body = api.call("POST", "/api/v1/rules/test", {
+        "sql": 'SELECT clientid FROM "$events/client_connected"', "context": {"event": "client.connectd"}})
+    assert status == 400 and "client.connectd" in body["error"], body
     status, body = api.call("POST", "/api/v1/rules/test", {"sql": 'SELECT lenght(topic) FROM "s/#"'})
     assert status == 400 and "lenght" in body["error"] and "line 1, column" in body["error"], body
     status, body = api.call("POST", "/api/v1/rules/test", {"sql": "SELECT"})

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use braid_proto::ByteString;
-use braid_rules::{Context, Rule};
+use braid_rules::{Context, Event, Rule};
 
 use crate::api::{error, Body};
 use crate::Admin;
@@ -48,11 +48,13 @@ pub(crate) struct Test {
     context: Sample,
 }
 
-/// The message a rule is tried on; what is left out is empty (the topic: the rule's first
-/// topic filter, if it has no wildcard).
+/// The message or client event a rule is tried on; what is left out is empty (the topic: the
+/// rule's first topic filter, if it has no wildcard). `event` names a client event
+/// (`client.connected` or `$events/client_connected`); any other key is one of its fields
+/// (`reason`, `keepalive`, ...).
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct Sample {
+    event: Option<String>,
     topic: Option<String>,
     #[serde(default)]
     payload: String,
@@ -67,6 +69,8 @@ pub(crate) struct Sample {
     timestamp: Option<i64>,
     #[serde(default)]
     user_properties: serde_json::Map<String, Value>,
+    #[serde(flatten)]
+    fields: serde_json::Map<String, Value>,
 }
 
 /// Compiles `sql` (400 naming the position and the problem) and runs it on the sample:
@@ -81,13 +85,29 @@ pub(crate) async fn test(Body(t): Body<Test>) -> Response {
     if s.qos > 2 {
         return error(StatusCode::BAD_REQUEST, "context.qos is 0, 1 or 2");
     }
+    let event = match s.event.as_deref() {
+        None | Some("message.publish") => Event::MessagePublish,
+        Some(name) => {
+            match Event::CLIENT_EVENTS.into_iter().find(|e| e.name() == name || e.topic() == Some(name)) {
+                Some(event) => event,
+                None => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("context.event {name:?} is not a client event"),
+                    )
+                }
+            }
+        }
+    };
     let topic = match (s.topic, rule.topic_filters().first()) {
         (Some(topic), _) => topic,
+        (None, _) if event != Event::MessagePublish => String::new(),
         (None, Some(filter)) if !filter.contains(['+', '#']) => filter.clone(),
         (None, _) => {
             return error(StatusCode::BAD_REQUEST, "context.topic is required: the rule's FROM has wildcards")
         }
     };
+    let fields: Vec<(&str, Value)> = s.fields.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     let mut user_properties = Vec::with_capacity(s.user_properties.len());
     for (k, v) in s.user_properties {
         let Value::String(v) = v else {
@@ -106,6 +126,8 @@ pub(crate) async fn test(Body(t): Body<Test>) -> Response {
         retain: s.retain,
         timestamp: s.timestamp.unwrap_or(now_ms as i64),
         user_properties: &user_properties,
+        event,
+        fields: &fields,
         ..Context::default()
     };
     match rule.apply(&ctx) {
