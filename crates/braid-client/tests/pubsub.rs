@@ -53,7 +53,13 @@ async fn qos_0_1_2_round_trip_v31() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_pipelined_publishes_arrive_in_order() {
-    let b = start_default().await;
+    // A subscriber that falls behind (the test's threads starved on a loaded machine) must not
+    // lose QoS 0 messages to a full queue (1,000 by default) or to pacing's end: what is tested
+    // is the client's order, not the broker's QoS 0 overflow (a CI run once lost one here).
+    let mut config = Config::embedded();
+    config.session.qos0_pacing_ms = 600_000;
+    config.session.max_queued_messages = 100_000;
+    let b = start(config).await;
     let sub = b.client(V5, "pipe-sub").await;
     subscribe(&sub, "pipe/t", QoS::AtLeastOnce).await;
     let mut opts = b.options(V5, "pipe-pub");
