@@ -84,9 +84,10 @@ impl Rules {
         Rules { rules }
     }
 
-    /// True when there is no rule.
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+    /// True when a rule takes messages published to `topic` (FROM has a filter matching it):
+    /// the publish path clones, locks and allocates for the rules only then.
+    pub fn wants_topic(&self, topic: &str) -> bool {
+        self.rules.iter().any(|r| r.rule.matches_topic(topic))
     }
 
     /// Each rule with its counters, in configuration order.

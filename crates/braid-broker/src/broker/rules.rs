@@ -65,11 +65,6 @@ impl Who {
 }
 
 impl Broker {
-    /// True when a rule takes `event` as a source.
-    pub(super) fn rules_want(&self, event: Event) -> bool {
-        !self.rules.is_empty() && self.rules.wants(event)
-    }
-
     /// `$events/client_connected` for `client_id`, who connected at `now` as `who` with
     /// `connect`'s settings (keep alive and session expiry as granted).
     pub(super) fn raise_connected(

@@ -479,7 +479,7 @@ impl<'a> Inbound<'a> {
                 (Some(ack), ticket)
             }
         };
-        let for_rules = (!self.broker.rules().is_empty()).then(|| msg.clone());
+        let for_rules = self.broker.rules().wants_topic(&msg.topic).then(|| msg.clone());
         let mut published = self.broker.publish(msg, now);
         self.wakes.append(&mut published.wakes);
         if let Some(msg) = for_rules {
