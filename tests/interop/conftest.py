@@ -14,6 +14,7 @@ import urllib.request
 import uuid
 
 import pytest
+from ports import free_port  # noqa: F401  (re-exported for the test modules)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BRAID_BIN = os.environ.get("BRAID_BIN", os.path.join(ROOT, "target", "debug", "braid"))
@@ -23,12 +24,6 @@ TARGET = os.environ.get("BRAID_TEST_BROKER", "braid")
 os.environ.setdefault("BRAID_LISTENERS_QUIC", "127.0.0.1:0")
 # The same for the HTTP admin listener (on by default at 127.0.0.1:18083).
 os.environ.setdefault("BRAID_LISTENERS_HTTP", "127.0.0.1:0")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_port(port, proc, timeout=10.0):

@@ -19,15 +19,10 @@ import tempfile
 import time
 from urllib.parse import quote
 
+from ports import free_port
 from serviceproc import ServiceProcess
 
 HOST = "127.0.0.1"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _need(binary):

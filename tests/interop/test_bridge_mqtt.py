@@ -418,9 +418,7 @@ def test_tls_and_websocket_transports(transport, pki, remote, bridged, connect):
 
 
 def free_udp_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port(kind=socket.SOCK_DGRAM)
 
 
 def test_quic_to_another_braid_one_stream_per_topic_line(make_broker, bridged, connect):
