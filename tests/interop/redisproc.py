@@ -93,13 +93,8 @@ class RedisServer(ServiceProcess):
     def addr(self):
         return f"{self.host}:{self.port}"
 
-    @property
-    def pid(self):
-        return self.proc.pid if self.proc else None
-
-    def __repr__(self):
-        state = "running" if self.running() else "stopped"
-        return f"<RedisServer {self.addr} {state} dir={self.dir}>"
+    def where(self):
+        return self.addr
 
     # ---- process ------------------------------------------------------------------------------
 
@@ -121,9 +116,6 @@ class RedisServer(ServiceProcess):
             cmd += ["--user", "default", "off", "resetpass", "nocommands",
                     "--user", user, "on", ">" + pw, "~*", "&*", "+@all"]
         return cmd + self.extra_args
-
-    def running(self):
-        return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout=10.0):
         """Starts redis-server (again: same port, same directory, so AOF data is loaded)."""

@@ -4,9 +4,26 @@ import shutil
 
 class ServiceProcess:
     """A service a test runs in a directory of its own, ``self.dir``: a ``with`` block stops it,
-    ``remove()`` also deletes the directory. Subclasses define ``stop()``."""
+    ``remove()`` also deletes the directory. Subclasses define ``stop()``; one that runs a single
+    process keeps it in ``self.proc`` and is shown by ``where()``."""
 
     dir: str
+    proc = None
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def where(self):
+        """Where it listens, for ``repr``."""
+        return f"{self.host}:{self.port}"
+
+    def __repr__(self):
+        state = "running" if self.running() else "stopped"
+        return f"<{type(self).__name__} {self.where()} {state} dir={self.dir}>"
 
     def stop(self):
         raise NotImplementedError

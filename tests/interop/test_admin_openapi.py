@@ -299,14 +299,17 @@ class Admin:
 def admin(tmp_path_factory):
     """A broker with API keys, a bridge (to a port where nothing listens, so it stays down), a
     connected v5 client with a persistent session and a subscription, a retained message with
-    properties, a packet trace of that client, and a rule."""
+    properties, a packet trace of that client, and a rule sending to a sink (whose target is
+    away)."""
     keys = tmp_path_factory.mktemp("openapi") / "keys"
     made = subprocess.run([BRAID_BIN, "apikey", "add", str(keys), "openapi"], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     bridge = {"name": "openapi", "address": "127.0.0.1:1", "topic": ["openapi/bridged/# out 0"]}
-    rule = {"name": "openapi", "sql": 'SELECT topic FROM "openapi/rules/#"', "actions": ["republish:openapi/out"]}
+    rule = {"name": "openapi", "sql": 'SELECT topic FROM "openapi/rules/#"',
+            "actions": ["republish:openapi/out", "openapi"]}
+    sink = {"name": "openapi", "type": "http", "url": "http://127.0.0.1:1/"}
     b = Broker({"braid": {"sys.interval_secs": 1, "admin.api_keys_file": str(keys), "bridges.mqtt": [bridge],
-                          "rules": [rule]}})
+                          "rules": [rule], "sinks": [sink]}})
     client = None
     try:
         client = helpers.connect_client(b, client_id=PRESENT["id"], protocol=MQTTv5, properties=helpers.v5_properties(

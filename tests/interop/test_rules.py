@@ -74,7 +74,7 @@ def test_the_rule_tester_answers_the_output_or_names_the_problem(make_broker):
 @pytest.mark.parametrize("rule, key, words", [
     ({**HOT, "sql": 'SELECT paylod.temp FROM "s/#"'}, "rules[0].sql", "paylod"),
     ({**HOT, "sql": 'SELECT * FROM "s/#" GROUP BY topic'}, "rules[0].sql", "GROUP BY"),
-    ({**HOT, "actions": ["pg_hot"]}, "rules[0].actions[0]", "sinks are not available yet"),
+    ({**HOT, "actions": ["pg_hot"]}, "rules[0].actions[0]", "no [[sinks]] has this name"),
     ({**HOT, "actions": ["republish:a/#"]}, "rules[0].actions[0]", "+ or #"),
     ({**HOT, "actions": []}, "rules[0].actions", "at least one action"),
 ])

@@ -46,6 +46,7 @@ pub(crate) fn routes() -> Router<Arc<Admin>> {
         .route("/nodes/{node}/drain", post(drain).delete(cancel_drain))
         .route("/cluster/rebalance", post(rebalance))
         .route("/bridges", get(bridges))
+        .route("/sinks", get(sinks))
         .route("/rules", get(crate::rules::list))
         .route("/rules/test", post(crate::rules::test))
         .route("/reload", post(reload))
@@ -795,6 +796,10 @@ async fn rebalance(State(admin): Shared, settings: Settings) -> Response {
 
 async fn bridges(State(admin): Shared) -> Json<Value> {
     Json(json!({ "data": reported(&admin, "bridges") }))
+}
+
+async fn sinks(State(admin): Shared) -> Json<Value> {
+    Json(json!({ "data": reported(&admin, "sinks") }))
 }
 
 /// Raises SIGHUP, which reloads the configuration and the files, and replies with the

@@ -9,13 +9,18 @@
 //! the message; what it brings in, it publishes, and acknowledges to the other side only once
 //! Braid acknowledged the PUBLISH (durable under `store.durability = "sync"`).
 //!
+//! The sinks of rules (`[[sinks]]`) work as a bridge's way out does, each through an outbox of
+//! its own, which the broker fills with the outputs of the rules that name the sink.
+//!
 //! The rooms: `template` (topic and key templates), `stats` (counters and their `$SYS`
 //! topics), `kafka` (the Kafka bridge: `out` and `inbound`, behind the cargo feature `kafka`),
-//! `mqtt` (the MQTT bridge, `[[bridges.mqtt]]`).
+//! `mqtt` (the MQTT bridge, `[[bridges.mqtt]]`), `sink` (the sinks: HTTP, PostgreSQL, Redis,
+//! InfluxDB).
 
 #[cfg(feature = "kafka")]
 mod kafka;
 mod mqtt;
+mod sink;
 mod stats;
 pub mod template;
 
@@ -44,11 +49,15 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     mqtt::check(&config.bridges.mqtt)
 }
 
-/// Starts the configured bridges on `broker` (checked by [`check`]); they run until the broker
-/// shuts down or [`Bridges::apply`] stops them. A bridge whose other side is away keeps trying,
-/// logs and counts; it never stops the broker. The outboxes of bridges no longer configured
-/// are ended.
+/// Starts the configured bridges and sinks on `broker` (checked by [`check`]); they run until
+/// the broker shuts down or [`Bridges::apply`] stops them (sinks: until the broker shuts
+/// down). A bridge or sink whose other side is away keeps trying, logs and counts; it never
+/// stops the broker. The outboxes of bridges and sinks no longer configured are ended. Each
+/// sink's outbox is open when this returns.
 pub async fn start(broker: &Arc<Broker>) -> Bridges {
+    for config in &broker.config().sinks {
+        sink::start(broker, config.clone(), broker.shutdown()).await;
+    }
     let mut bridges = Bridges { broker: broker.clone(), running: Vec::new() };
     bridges.apply(&broker.config().bridges).await;
     bridges
@@ -118,9 +127,17 @@ impl Bridges {
         done
     }
 
-    /// Ends the sessions of bridges' in-process clients that no running bridge owns.
+    /// Ends the sessions of bridges' and sinks' in-process clients that no running bridge and
+    /// no configured sink owns.
     async fn end_orphans(&self) {
+        let sinks = self.broker.rules().outboxes();
         for client_id in self.broker.client_ids() {
+            if client_id.starts_with(SINK_PREFIX) {
+                if !sinks.iter().any(|o| *o.client_id == *client_id) {
+                    self.end_orphan(&client_id, "sink").await;
+                }
+                continue;
+            }
             let Some(rest) = client_id.strip_prefix(PREFIX) else { continue };
             let rest = rest.split('@').next().unwrap_or(rest);
             let mut parts = rest.splitn(3, '/');
@@ -128,14 +145,19 @@ impl Bridges {
             if self.running.iter().any(|r| r.kind == kind && r.name == name) {
                 continue;
             }
-            let held = self.broker.held_for(&client_id).unwrap_or(0);
-            match end_session(&self.broker, &client_id).await {
-                Ok(()) => {
-                    warn!(%client_id, held, "bridge {kind}/{name} is no longer configured: its session in Braid is ended, with what it held")
-                }
-                Err(e) => {
-                    warn!(%client_id, "bridge {kind}/{name} is no longer configured, and its session in Braid could not be ended: {e}")
-                }
+            self.end_orphan(&client_id, &format!("bridge {kind}/{name}")).await;
+        }
+    }
+
+    /// Ends the session `client_id` of `what`, no longer configured, with what it held.
+    async fn end_orphan(&self, client_id: &str, what: &str) {
+        let held = self.broker.held_for(client_id).unwrap_or(0);
+        match end_session(&self.broker, client_id).await {
+            Ok(()) => {
+                warn!(%client_id, held, "{what} is no longer configured: its session in Braid is ended, with what it held")
+            }
+            Err(e) => {
+                warn!(%client_id, "{what} is no longer configured, and its session in Braid could not be ended: {e}")
             }
         }
     }
@@ -147,6 +169,8 @@ fn json(config: &impl serde::Serialize) -> serde_json::Value {
 
 /// The prefix of the bridges' in-process client ids.
 const PREFIX: &str = "$internal/bridge/";
+/// The prefix of the sinks' outboxes' client ids (see [`braid_broker::rules::SinkOutbox`]).
+const SINK_PREFIX: &str = "$internal/sink/";
 
 /// Ends the persistent session of in-process client `client_id`: a clean start, then a
 /// DISCONNECT with Session Expiry 0.
@@ -174,8 +198,18 @@ pub(crate) async fn connect(
     limits: Arc<QueueLimits>,
     window: u16,
 ) -> Result<(Client, Connected), braid_client::Error> {
-    let client_id = client_id(broker, id);
-    let (name, opener) = (id.to_string(), broker.clone());
+    connect_as(broker, &client_id(broker, id), limits, window).await
+}
+
+/// Connects an in-process client with client id `client_id` as [`connect`] does.
+pub(crate) async fn connect_as(
+    broker: &Arc<Broker>,
+    client_id: &str,
+    limits: Arc<QueueLimits>,
+    window: u16,
+) -> Result<(Client, Connected), braid_client::Error> {
+    let client_id = client_id.to_string();
+    let (name, opener) = (client_id.clone(), broker.clone());
     let mut opts = ClientOptions::new("in-process", 0);
     opts.transport =
         Transport::InMemory(InMemory::new(move || Ok(in_process::connect(&opener, &name, limits.clone()))));

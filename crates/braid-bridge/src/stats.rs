@@ -1,6 +1,7 @@
-//! A bridge's counters and state, published under `$SYS/bridges/<kind>/<name>/...` every
-//! `sys.interval_secs` (retained, as the broker's own `$SYS` topics), listed by the admin API
-//! (`/api/v1/bridges`) and exported to its metrics.
+//! A bridge's or sink's counters and state, published under `$SYS/bridges/<kind>/<name>/...`
+//! (`$SYS/sinks/<type>/<name>/...`) every `sys.interval_secs` (retained, as the broker's own
+//! `$SYS` topics), listed by the admin API (`/api/v1/bridges`, `/api/v1/sinks`) and exported
+//! to its metrics.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -12,7 +13,8 @@ use braid_broker::Broker;
 use braid_proto::{ByteString, Bytes};
 use tokio_util::sync::CancellationToken;
 
-/// What one bridge counts.
+/// What one bridge or sink counts (a sink's `failed` are its retried writes, its `dropped`
+/// what its target refused for good).
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     /// The other side answers (the last thing heard from it was not a failure).
@@ -72,66 +74,154 @@ impl Stats {
     }
 }
 
-/// What a bridge counts, once for `$SYS`, the API and the metrics.
-struct Counter {
-    /// Its `$SYS/bridges/<kind>/<name>/` subtopic (with `_` for `/`: its key in the API).
+/// What a bridge or sink counts, once for `$SYS`, the API and the metrics.
+pub(crate) struct Counter {
+    /// Its `$SYS/<collection>/.../<name>/` subtopic (with `_` for `/`: its key in the API).
     topic: &'static str,
     /// Its metric's name and help.
     metric: &'static str,
     help: &'static str,
     kind: Kind,
+    /// Its value; None where it does not apply (an outbox's depth without an outbox).
+    read: fn(&Watched, &Broker) -> Option<u64>,
 }
 
-/// Every counter, in [`Watched::values`]' order: [`Stats`]' then the outbox's depth.
-const COUNTERS: [Counter; 7] = [
-    Counter {
-        topic: "out/sent",
-        metric: "braid_bridge_sent_total",
-        help: "Messages bridged out and acknowledged by the other side.",
-        kind: Kind::Counter,
-    },
-    Counter {
-        topic: "out/failed",
-        metric: "braid_bridge_failed_total",
-        help: "Messages the other side failed to take, sent again.",
-        kind: Kind::Counter,
-    },
-    Counter {
-        topic: "out/dropped",
-        metric: "braid_bridge_dropped_total",
-        help: "Messages that could never be bridged out.",
-        kind: Kind::Counter,
-    },
-    Counter {
-        topic: "out/inflight",
-        metric: "braid_bridge_inflight_messages",
-        help: "Messages handed to the other side, not yet acknowledged.",
-        kind: Kind::Gauge,
-    },
-    Counter {
-        topic: "in/received",
-        metric: "braid_bridge_received_total",
-        help: "Messages brought in and published in Braid.",
-        kind: Kind::Counter,
-    },
-    Counter {
-        topic: "in/skipped",
-        metric: "braid_bridge_skipped_total",
-        help: "Records brought in that could not be published.",
-        kind: Kind::Counter,
-    },
-    Counter {
-        topic: "out/queued",
-        metric: "braid_bridge_queued_messages",
-        help: "Messages waiting in the bridge's outbox.",
-        kind: Kind::Gauge,
-    },
-];
+/// What operators see of a kind of thing watched: bridges or sinks.
+pub(crate) struct Family {
+    /// Its collection in the admin API and its `$SYS/<collection>/` topics.
+    collection: &'static str,
+    /// The label that names one in the metrics.
+    label: &'static str,
+    /// The metric that says whether its other side answers.
+    up: &'static str,
+    counters: &'static [Counter],
+}
 
-/// One bridge as operators see it: its counters and its outbox's depth, published under
-/// `$SYS/bridges/<kind>/<name>/` and reported to the admin API and metrics.
-#[derive(Debug)]
+fn get(c: &AtomicU64) -> Option<u64> {
+    Some(c.load(Ordering::Relaxed))
+}
+
+/// The depth of the outbox of `w`, if it has one.
+fn queued(w: &Watched, broker: &Broker) -> Option<u64> {
+    w.outbox.as_ref().map(|o| broker.held_for(o).unwrap_or(0) as u64)
+}
+
+/// Bridges: `$SYS/bridges/<kind>/<name>/...`, `/api/v1/bridges`, `braid_bridge_*`.
+pub(crate) const BRIDGES: Family = Family {
+    collection: "bridges",
+    label: "bridge",
+    up: "braid_bridge_up",
+    counters: &[
+        Counter {
+            topic: "out/sent",
+            metric: "braid_bridge_sent_total",
+            help: "Messages bridged out and acknowledged by the other side.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.sent),
+        },
+        Counter {
+            topic: "out/failed",
+            metric: "braid_bridge_failed_total",
+            help: "Messages the other side failed to take, sent again.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.failed),
+        },
+        Counter {
+            topic: "out/dropped",
+            metric: "braid_bridge_dropped_total",
+            help: "Messages that could never be bridged out.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.dropped),
+        },
+        Counter {
+            topic: "out/inflight",
+            metric: "braid_bridge_inflight_messages",
+            help: "Messages handed to the other side, not yet acknowledged.",
+            kind: Kind::Gauge,
+            read: |w, _| get(&w.stats.in_flight),
+        },
+        Counter {
+            topic: "in/received",
+            metric: "braid_bridge_received_total",
+            help: "Messages brought in and published in Braid.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.received),
+        },
+        Counter {
+            topic: "in/skipped",
+            metric: "braid_bridge_skipped_total",
+            help: "Records brought in that could not be published.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.skipped),
+        },
+        Counter {
+            topic: "out/queued",
+            metric: "braid_bridge_queued_messages",
+            help: "Messages waiting in the bridge's outbox.",
+            kind: Kind::Gauge,
+            read: queued,
+        },
+    ],
+};
+
+/// Sinks: `$SYS/sinks/<type>/<name>/...`, `/api/v1/sinks`, `braid_sink_*`.
+pub(crate) const SINKS: Family = Family {
+    collection: "sinks",
+    label: "sink",
+    up: "braid_sink_up",
+    counters: &[
+        Counter {
+            topic: "sent",
+            metric: "braid_sink_sent_total",
+            help: "Rule outputs the target confirmed.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.sent),
+        },
+        Counter {
+            topic: "retried",
+            metric: "braid_sink_retried_total",
+            help: "Writes of rule outputs that failed (target away, 5xx, timeout) and were sent again.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.failed),
+        },
+        Counter {
+            topic: "failed",
+            metric: "braid_sink_failed_total",
+            help: "Rule outputs the target refused for good (4xx, a constraint): not sent again.",
+            kind: Kind::Counter,
+            read: |w, _| get(&w.stats.dropped),
+        },
+        Counter {
+            topic: "dropped",
+            metric: "braid_sink_dropped_total",
+            help: "Rule outputs that did not go into the sink's outbox (full).",
+            kind: Kind::Counter,
+            read: |w, broker| {
+                let outboxes = broker.rules().outboxes();
+                Some(outboxes.iter().find(|o| *o.sink == *w.name).map_or(0, |o| o.dropped()))
+            },
+        },
+        Counter {
+            topic: "inflight",
+            metric: "braid_sink_inflight_messages",
+            help: "Rule outputs being written to the target.",
+            kind: Kind::Gauge,
+            read: |w, _| get(&w.stats.in_flight),
+        },
+        Counter {
+            topic: "queued",
+            metric: "braid_sink_queued_messages",
+            help: "Rule outputs waiting in the sink's outbox.",
+            kind: Kind::Gauge,
+            read: queued,
+        },
+    ],
+};
+
+/// One bridge or sink as operators see it: its counters and its outbox's depth, published
+/// under `$SYS/<collection>/<kind>/<name>/` and reported to the admin API and metrics.
 pub(crate) struct Watched {
+    family: &'static Family,
     kind: &'static str,
     name: String,
     stats: Arc<Stats>,
@@ -142,41 +232,37 @@ pub(crate) struct Watched {
     stop: CancellationToken,
 }
 
+impl std::fmt::Debug for Watched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched").field("kind", &self.kind).field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+/// What [`Watched::start`] watches: of `family`, the `name`d one of `kind`, its counters
+/// `stats`, and the client id of its outbox, if it has one.
+pub(crate) struct Watch {
+    pub family: &'static Family,
+    pub kind: &'static str,
+    pub name: String,
+    pub stats: Arc<Stats>,
+    pub outbox: Option<String>,
+}
+
 impl Watched {
-    /// Watches bridge `name` of `kind`: registers it with the broker's reports and publishes
-    /// its `$SYS` topics (none if `sys.interval_secs` is 0) until `stop`, when it is taken off
-    /// the reports.
-    pub(crate) fn start(
-        broker: &Arc<Broker>,
-        kind: &'static str,
-        name: String,
-        stats: Arc<Stats>,
-        outbox: Option<String>,
-        stop: CancellationToken,
-    ) {
-        let watched = Arc::new(Watched { kind, name, stats, outbox, broker: Arc::downgrade(broker), stop });
+    /// Watches `watch`: registers it with the broker's reports and publishes its `$SYS`
+    /// topics (none if `sys.interval_secs` is 0) until `stop`, when it is taken off the
+    /// reports.
+    pub(crate) fn start(broker: &Arc<Broker>, watch: Watch, stop: CancellationToken) {
+        let Watch { family, kind, name, stats, outbox } = watch;
+        let broker_ref = Arc::downgrade(broker);
+        let watched = Arc::new(Watched { family, kind, name, stats, outbox, broker: broker_ref, stop });
         broker.add_report(watched.clone());
         tokio::spawn(publish(broker.clone(), watched));
     }
 
-    /// Its counters, each with what describes it; `out/queued` when it has an outbox.
+    /// Its counters that apply, each with what describes it.
     fn values(&self, broker: &Broker) -> Vec<(&'static Counter, u64)> {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let s = &self.stats;
-        let counts = [
-            get(&s.sent),
-            get(&s.failed),
-            get(&s.dropped),
-            get(&s.in_flight),
-            get(&s.received),
-            get(&s.skipped),
-        ];
-        let queued = self.outbox.as_ref().map(|o| broker.held_for(o).unwrap_or(0) as u64);
-        COUNTERS
-            .iter()
-            .zip(counts.into_iter().map(Some).chain([queued]))
-            .filter_map(|(c, v)| Some((c, v?)))
-            .collect()
+        self.family.counters.iter().filter_map(|c| Some((c, (c.read)(self, broker)?))).collect()
     }
 
     fn state(&self) -> &'static str {
@@ -190,7 +276,7 @@ impl Watched {
 
 impl Report for Watched {
     fn collection(&self) -> &'static str {
-        "bridges"
+        self.family.collection
     }
 
     fn entries(&self) -> Vec<serde_json::Value> {
@@ -204,10 +290,10 @@ impl Report for Watched {
 
     fn samples(&self, out: &mut Vec<Sample>) {
         let Some(broker) = self.broker.upgrade() else { return };
-        let labelled = |s: Sample| s.with("kind", self.kind).with("bridge", self.name.clone());
+        let labelled = |s: Sample| s.with("kind", self.kind).with(self.family.label, self.name.clone());
         out.push(labelled(Sample::gauge(
-            "braid_bridge_up",
-            "1 while the bridge's other side answers.",
+            self.family.up,
+            "1 while the other side answers.",
             f64::from(u8::from(self.state() == "up")),
         )));
         for (c, value) in self.values(&broker) {
@@ -235,7 +321,8 @@ async fn publish(broker: Arc<Broker>, watched: Arc<Watched>) {
         }
         let values = watched.values(&broker).into_iter().map(|(c, v)| (c.topic, v.to_string()));
         for (topic, value) in std::iter::once(("state", watched.state().to_string())).chain(values) {
-            let topic = ByteString::from(format!("$SYS/bridges/{}/{}/{topic}", watched.kind, watched.name));
+            let (collection, kind, name) = (watched.family.collection, watched.kind, &watched.name);
+            let topic = ByteString::from(format!("$SYS/{collection}/{kind}/{name}/{topic}"));
             let _ = broker.publish(Message::internal(topic, Bytes::from(value), true), Instant::now());
         }
     }

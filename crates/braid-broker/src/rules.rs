@@ -1,7 +1,8 @@
 //! Rules (`[[rules]]`, see docs/rules.md) on what clients publish: each rule whose FROM matches
 //! the topic and whose WHERE holds makes an output, a JSON object, which its actions use.
 //! Evaluating a rule is pure work on the message: no I/O, no clock (the time is passed in),
-//! nothing spawned; the caller routes what the rules republish ([`Rules::apply`]).
+//! nothing spawned; the caller ([`Actions`]) routes what the rules republish and puts the
+//! outputs for sinks in the sinks' outboxes.
 
 use std::cell::OnceCell;
 use std::net::SocketAddr;
@@ -15,13 +16,19 @@ use braid_proto::topic::valid_topic_name;
 use braid_proto::{Publish, QoS};
 use braid_rules::{Action, Context, Event, Rule, Template};
 
-use crate::config::RuleConfig;
+use crate::config::{RuleConfig, SinkConfig};
 use crate::message::Message;
+use crate::session::IN_PROCESS;
 
-/// A broker's rules, compiled at its start.
+/// A broker's rules, compiled at its start, and the outboxes of the sinks they name.
 #[derive(Debug, Default)]
 pub struct Rules {
     rules: Vec<Compiled>,
+    outboxes: Vec<SinkOutbox>,
+    /// The first part of the `id` of each message the rules run on: this broker's start, in
+    /// ms since the Unix epoch; the second counts the messages (see [`Rules::apply`]).
+    epoch: u64,
+    next_id: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -29,7 +36,46 @@ struct Compiled {
     rule: Rule,
     config: RuleConfig,
     republish: Vec<Template>,
+    /// Its sinks, as indexes into `Rules::outboxes`.
+    sinks: Vec<usize>,
     counts: RuleCounts,
+}
+
+/// The outbox of a sink: the persistent session of an in-process client that the sink's
+/// worker connects as.
+#[derive(Debug)]
+pub struct SinkOutbox {
+    /// The sink's name.
+    pub sink: Box<str>,
+    /// The outbox's client id: `$internal/sink/<name>`, with `@<node>` in a cluster.
+    pub client_id: Box<str>,
+    /// Outputs that did not go into it (no room, or no outbox yet).
+    dropped: AtomicU64,
+}
+
+impl SinkOutbox {
+    /// The outbox client id of sink `name`; `node` names the cluster node (each node sends
+    /// what is published on it, through an outbox of its own).
+    pub fn client_id(name: &str, node: Option<&str>) -> String {
+        match node {
+            Some(node) => format!("{IN_PROCESS}sink/{name}@{node}"),
+            None => format!("{IN_PROCESS}sink/{name}"),
+        }
+    }
+
+    /// Outputs that did not go into the outbox (no room, or no outbox yet) since the start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// Where the outputs of rules go: the caller routes what they republish and puts what they
+/// send to sinks in the sinks' outboxes.
+pub trait Actions {
+    /// Routes a message a `republish:` action made.
+    fn republish(&mut self, publish: Publish);
+    /// Puts `output` (the rule's output as JSON) in `outbox`; `Err` says why it could not.
+    fn to_sink(&mut self, outbox: &SinkOutbox, output: Bytes) -> Result<(), String>;
 }
 
 /// What one rule did since the start.
@@ -57,31 +103,48 @@ pub struct RuleReport {
 }
 
 impl Rules {
-    /// The rules of `configs` (checked when the configuration loaded; one that does not compile
-    /// is left out, with a warning).
-    pub fn compile(configs: &[RuleConfig]) -> Rules {
+    /// The rules of `configs`, sending to `sinks` (checked when the configuration loaded; a rule
+    /// that does not compile is left out, with a warning), of a broker that started at `epoch`
+    /// (ms since the Unix epoch); `node` names the cluster node.
+    pub fn compile(configs: &[RuleConfig], sinks: &[SinkConfig], node: Option<&str>, epoch: u64) -> Rules {
+        let outboxes = sinks
+            .iter()
+            .map(|s| SinkOutbox {
+                sink: s.name.as_str().into(),
+                client_id: SinkOutbox::client_id(&s.name, node).into(),
+                dropped: AtomicU64::new(0),
+            })
+            .collect::<Vec<_>>();
         let mut rules = Vec::with_capacity(configs.len());
         for (at, config) in configs.iter().enumerate() {
-            match config.compile(at) {
-                Ok((rule, actions)) => {
-                    let republish = actions
-                        .into_iter()
-                        .filter_map(|a| match a {
-                            Action::Republish(t) => Some(t),
-                            Action::Sink(_) => None,
-                        })
-                        .collect();
-                    rules.push(Compiled {
-                        rule,
-                        config: config.clone(),
-                        republish,
-                        counts: RuleCounts::default(),
-                    });
+            let (rule, actions) = match config.compile(at, sinks) {
+                Ok(compiled) => compiled,
+                Err(e) => {
+                    warn!("rule left out: {e}");
+                    continue;
                 }
-                Err(e) => warn!("rule left out: {e}"),
+            };
+            let (mut republish, mut to_sinks) = (Vec::new(), Vec::new());
+            for action in actions {
+                match action {
+                    Action::Republish(t) => republish.push(t),
+                    Action::Sink(name) => to_sinks.extend(outboxes.iter().position(|o| *o.sink == *name)),
+                }
             }
+            rules.push(Compiled {
+                rule,
+                config: config.clone(),
+                republish,
+                sinks: to_sinks,
+                counts: RuleCounts::default(),
+            });
         }
-        Rules { rules }
+        Rules { rules, outboxes, epoch, next_id: AtomicU64::new(0) }
+    }
+
+    /// The outboxes of the sinks, in configuration order.
+    pub fn outboxes(&self) -> &[SinkOutbox] {
+        &self.outboxes
     }
 
     /// True when a rule takes messages published to `topic` (FROM has a filter matching it):
@@ -126,18 +189,15 @@ pub struct Publisher<'a> {
 
 impl Rules {
     /// Runs the rules on `msg`, published by `publisher` at `timestamp` (ms since the Unix
-    /// epoch), and hands each message a `republish:` action makes to `republish`.
-    pub fn apply(
-        &self,
-        msg: &Message,
-        publisher: Publisher<'_>,
-        timestamp: i64,
-        republish: impl FnMut(Publish),
-    ) {
+    /// epoch), and hands what their actions make to `actions`. The message's `id` is unique
+    /// to this node across its restarts (its start and a count, in hex): a sink can keep it in
+    /// a unique key to write each message once.
+    pub fn apply(&self, msg: &Message, publisher: Publisher<'_>, timestamp: i64, actions: &mut impl Actions) {
         let peerhost = publisher.peer.map(|p| p.ip().to_string());
+        let id = format!("{:x}{:08x}", self.epoch, self.next_id.fetch_add(1, Ordering::Relaxed));
         let ctx = Context {
             event: Event::MessagePublish,
-            id: None,
+            id: Some(&id),
             clientid: &msg.origin_client,
             username: publisher.username,
             peerhost: peerhost.as_deref(),
@@ -149,7 +209,7 @@ impl Rules {
             user_properties: &msg.properties.user_properties,
             fields: &[],
         };
-        self.run(&ctx, msg.qos, republish);
+        self.run(&ctx, msg.qos, actions);
     }
 
     /// True when a rule takes `event` as a source: the caller makes the event's context only
@@ -160,13 +220,13 @@ impl Rules {
 
     /// Runs the rules on a client event (`ctx.event`, not a publish); what they republish goes
     /// out at QoS 0.
-    pub fn on_event(&self, ctx: &Context<'_>, republish: impl FnMut(Publish)) {
-        self.run(ctx, QoS::AtMostOnce, republish);
+    pub fn on_event(&self, ctx: &Context<'_>, actions: &mut impl Actions) {
+        self.run(ctx, QoS::AtMostOnce, actions);
     }
 
-    /// Runs every rule on `ctx`, handing what `republish:` actions make, at `qos`, to
-    /// `republish`.
-    fn run(&self, ctx: &Context<'_>, qos: QoS, mut republish: impl FnMut(Publish)) {
+    /// Runs every rule on `ctx`, handing what their actions make (republished at `qos`) to
+    /// `actions`.
+    fn run(&self, ctx: &Context<'_>, qos: QoS, actions: &mut impl Actions) {
         let payload = OnceCell::new();
         for r in &self.rules {
             let Some(output) = r.rule.apply_sharing(ctx, &payload) else { continue };
@@ -179,7 +239,7 @@ impl Rules {
                     failed = Some(format!("republish: {topic:?} is not a topic a rule may publish to"));
                     continue;
                 }
-                republish(Publish {
+                actions.republish(Publish {
                     dup: false,
                     qos,
                     retain: false,
@@ -188,6 +248,13 @@ impl Rules {
                     properties: Default::default(),
                     payload: payload.clone(),
                 });
+            }
+            for &i in &r.sinks {
+                let outbox = &self.outboxes[i];
+                if let Err(why) = actions.to_sink(outbox, payload.clone()) {
+                    outbox.dropped.fetch_add(1, Ordering::Relaxed);
+                    failed = Some(format!("sink {}: {why}", outbox.sink));
+                }
             }
             match failed {
                 Some(error) => r.counts.fail(error),

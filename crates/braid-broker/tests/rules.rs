@@ -4,7 +4,7 @@
 
 mod common;
 
-use braid_broker::config::RuleConfig;
+use braid_broker::config::{OverflowPolicy, RuleConfig, SinkConfig};
 use braid_broker::harness::Harness;
 use braid_broker::Broker;
 use common::*;
@@ -147,4 +147,87 @@ fn client_events_reach_rules_with_emqx_fields() {
         got.iter().map(|g| (g["clientid"].as_str(), g["reason"].as_str())).collect::<Vec<_>>(),
         [(Some("polite"), Some("normal"))]
     );
+}
+
+/// A broker whose rule `r` sends its outputs to sink `s`; the harness's sessions (the outbox's
+/// among them: the sink's worker, which would give it the sink's limits, does not run here)
+/// queue up to `queue.0` messages and then do as `queue.1` says.
+fn broker_with_sink(sql: &str, queue: (usize, OverflowPolicy)) -> std::sync::Arc<Broker> {
+    let mut config = Config::embedded();
+    config.rules = vec![RuleConfig { name: "r".into(), sql: sql.into(), actions: vec!["s".into()] }];
+    config.sinks =
+        vec![SinkConfig { name: "s".into(), url: "http://127.0.0.1:9/".into(), ..Default::default() }];
+    (config.session.max_queued_messages, config.session.queue_overflow) = queue;
+    Broker::new(config)
+}
+
+/// The rule outputs queued in sink `s`'s outbox, as the sink's worker takes them.
+fn outbox_outputs(h: &mut Harness<'_>) -> Vec<serde_json::Value> {
+    let (o, _) = h.connect(connect_with_expiry("$internal/sink/s", false, u32::MAX));
+    h.received(o)
+        .into_iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => {
+                assert_eq!((p.topic.as_ref(), p.qos), ("$sink/s", QoS::AtLeastOnce));
+                serde_json::from_slice(&p.payload).ok()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_rule_puts_its_outputs_for_a_sink_in_the_sinks_outbox_and_nowhere_else() {
+    let b = broker_with_sink(
+        r#"SELECT id, clientid, payload.temp AS temp FROM "s/#" WHERE payload.temp > 30"#,
+        (100, OverflowPolicy::DropOldest),
+    );
+    let mut h = Harness::new(&b);
+    let (o, _) = h.connect(connect_with_expiry("$internal/sink/s", false, u32::MAX));
+    h.drop_connection(o);
+    let (w, _) = h.connect(connect_packet("watcher", true));
+    h.send(w, Packet::Subscribe(subscribe("#", QoS::AtLeastOnce)));
+    h.send(w, Packet::Subscribe(subscribe("$sink/#", QoS::AtLeastOnce)));
+    h.received(w);
+    let (p, _) = h.connect(connect_packet("dev1", true));
+    for temp in [31, 5, 32] {
+        h.send(p, Packet::Publish(publish("s/a", QoS::AtLeastOnce, format!(r#"{{"temp": {temp}}}"#))));
+    }
+    let outputs = outbox_outputs(&mut h);
+    let temps: Vec<_> = outputs.iter().map(|o| o["temp"].as_i64()).collect();
+    assert_eq!(temps, [Some(31), Some(32)], "{outputs:?}");
+    assert_ne!(outputs[0]["id"], outputs[1]["id"], "each message has an id of its own");
+    let seen: Vec<String> = h
+        .received(w)
+        .into_iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some(p.topic.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seen, ["s/a", "s/a", "s/a"], "no subscriber gets what goes to a sink");
+    let [report] = &b.rules().reports()[..] else { panic!("one rule") };
+    assert_eq!((report.matched, report.passed, report.failed), (2, 2, 0));
+}
+
+#[test]
+fn an_output_with_no_room_in_the_outbox_is_counted_against_the_rule_and_the_sink() {
+    let b = broker_with_sink(r#"SELECT payload.n AS n FROM "s/#""#, (2, OverflowPolicy::DropNewest));
+    let mut h = Harness::new(&b);
+    let (p, _) = h.connect(connect_packet("dev1", true));
+    h.send(p, Packet::Publish(publish("s/a", QoS::AtLeastOnce, r#"{"n": 0}"#)));
+    let [report] = &b.rules().reports()[..] else { panic!("one rule") };
+    assert_eq!(report.failed, 1, "no outbox yet (the sink never started)");
+    assert!(report.last_error.as_deref().is_some_and(|e| e.contains("not open")), "{:?}", report.last_error);
+    let (o, _) = h.connect(connect_with_expiry("$internal/sink/s", false, u32::MAX));
+    h.drop_connection(o);
+    for n in 1..=3 {
+        h.send(p, Packet::Publish(publish("s/a", QoS::AtLeastOnce, format!(r#"{{"n": {n}}}"#))));
+    }
+    let [report] = &b.rules().reports()[..] else { panic!("one rule") };
+    assert_eq!((report.matched, report.passed, report.failed), (4, 2, 2));
+    assert!(report.last_error.as_deref().is_some_and(|e| e.contains("full")), "{:?}", report.last_error);
+    assert_eq!(b.rules().outboxes()[0].dropped(), 2);
+    let ns: Vec<_> = outbox_outputs(&mut h).iter().map(|o| o["n"].as_i64()).collect();
+    assert_eq!(ns, [Some(1), Some(2)]);
 }

@@ -41,7 +41,7 @@ pub use action::Action;
 pub use context::Context;
 pub use error::{Position, RuleError};
 pub use events::Event;
-pub use template::Template;
+pub use template::{Field, Template};
 
 /// A compiled rule.
 #[derive(Debug, Clone)]

@@ -17,11 +17,22 @@ pub struct Template {
 #[derive(Debug, Clone, PartialEq)]
 enum Part {
     Text(String),
-    /// `${root.key[1]}`: an output field and a path into it.
-    Placeholder {
-        root: String,
-        steps: Vec<Step>,
-    },
+    Placeholder(Field),
+}
+
+/// A placeholder's field: `${root.key[1]}`, an output field and a path into it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Field {
+    root: String,
+    steps: Vec<Step>,
+}
+
+impl Field {
+    /// Its value in `output` (a path into a string reads the string as JSON); None when it is
+    /// missing.
+    pub fn value<'o>(&self, output: &'o Map<String, Value>) -> Option<Cow<'o, Value>> {
+        lookup(output, &self.root, &self.steps)
+    }
 }
 
 impl Template {
@@ -46,7 +57,7 @@ impl Template {
             if !text.is_empty() {
                 parts.push(Part::Text(std::mem::take(&mut text)));
             }
-            parts.push(Part::Placeholder { root, steps });
+            parts.push(Part::Placeholder(Field { root, steps }));
             rest = body_start + len + 1;
         }
         text.push_str(&template[rest..]);
@@ -65,14 +76,31 @@ impl Template {
         for part in &self.parts {
             match part {
                 Part::Text(t) => out.push_str(t),
-                Part::Placeholder { root, steps } => {
-                    if let Some(value) = lookup(output, root, steps) {
+                Part::Placeholder(field) => {
+                    if let Some(value) = field.value(output) {
                         out.push_str(&text(&value).unwrap_or_default());
                     }
                 }
             }
         }
         out
+    }
+
+    /// The template's text with its `n`th placeholder (from 1) written as `mark(n)`, and the
+    /// placeholders' fields in order: for a statement whose values go as parameters, never
+    /// spliced into its text (`VALUES (${a}, ${b})` -> `VALUES ($1, $2)`).
+    pub fn parameters(&self, mut mark: impl FnMut(usize) -> String) -> (String, Vec<Field>) {
+        let (mut text, mut fields) = (String::new(), Vec::new());
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => text.push_str(t),
+                Part::Placeholder(field) => {
+                    fields.push(field.clone());
+                    text.push_str(&mark(fields.len()));
+                }
+            }
+        }
+        (text, fields)
     }
 }
 
@@ -166,6 +194,16 @@ mod tests {
             "{\"temp\": 22, \"a\": {\"b\": [5]}}"
         );
         assert_eq!(Template::parse("<${text.x}>").unwrap().render(&out), "<>");
+    }
+
+    #[test]
+    fn parameters_take_the_placeholders_out_of_the_text() {
+        let t = Template::parse("INSERT INTO t(a, b) VALUES (${clientid}, ${payload.temp})").unwrap();
+        let (sql, fields) = t.parameters(|n| format!("${n}"));
+        assert_eq!(sql, "INSERT INTO t(a, b) VALUES ($1, $2)");
+        let out = output(json!({"clientid": "d'1", "payload": "{\"temp\": 22.5}"}));
+        let values: Vec<_> = fields.iter().map(|f| f.value(&out).map(|v| v.into_owned())).collect();
+        assert_eq!(values, [Some(json!("d'1")), Some(json!(22.5))]);
     }
 
     #[test]

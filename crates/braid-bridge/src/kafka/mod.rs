@@ -21,7 +21,7 @@ use braid_broker::config::{ConfigError, KafkaAck, KafkaBridgeConfig};
 use braid_broker::Broker;
 use braid_proto::topic::valid_topic_filter;
 
-use crate::stats::{Stats, Watched};
+use crate::stats::{Stats, Watch, Watched, BRIDGES};
 use crate::template::Template;
 
 /// What an `out` topic or key template may name (and `${1}`, `${2}`...: the topic's levels).
@@ -135,7 +135,9 @@ pub(crate) fn start(broker: &Arc<Broker>, config: KafkaBridgeConfig, stop: &Canc
     info!(bridge = %config.name, brokers = ?config.brokers, out = config.out.len(), r#in = config.inbound.len(), "kafka bridge starting");
     let outbox = (config.ack == KafkaAck::Log && !config.out.is_empty())
         .then(|| crate::client_id(broker, &out::outbox_id(&config.name)));
-    Watched::start(broker, "kafka", config.name.clone(), stats.clone(), outbox, stop.clone());
+    let name = config.name.clone();
+    let watch = Watch { family: &BRIDGES, kind: "kafka", name, stats: stats.clone(), outbox };
+    Watched::start(broker, watch, stop.clone());
     match config.ack {
         _ if config.out.is_empty() => {}
         KafkaAck::Log => {

@@ -29,7 +29,7 @@ use braid_broker::session::QueueLimits;
 use braid_broker::Broker;
 use braid_proto::topic::{intersects, valid_topic_name};
 
-use crate::stats::{Stats, Watched};
+use crate::stats::{Stats, Watch, Watched, BRIDGES};
 use topics::Line;
 
 /// Transports a bridge may use towards the remote.
@@ -153,7 +153,9 @@ pub(crate) fn start(broker: &Arc<Broker>, config: MqttBridgeConfig, stop: &Cance
     info!(bridge = %config.name, address = %config.address, transport = %config.transport, remote_client_id = %remote_id, lines = lines.len(), "mqtt bridge starting");
     say_about_loops(&config, &lines);
     let outbox = crate::client_id(broker, &session::local_id(&config.name));
-    Watched::start(broker, "mqtt", config.name.clone(), stats.clone(), Some(outbox), stop.clone());
+    let name = config.name.clone();
+    let watch = Watch { family: &BRIDGES, kind: "mqtt", name, stats: stats.clone(), outbox: Some(outbox) };
+    Watched::start(broker, watch, stop.clone());
     let bridge = Bridge {
         broker: broker.clone(),
         stop: stop.clone(),

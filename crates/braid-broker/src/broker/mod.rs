@@ -208,6 +208,16 @@ pub struct Published {
     pub wakes: Wakes,
 }
 
+impl Published {
+    /// Adds what `other` waits for and wakes to this.
+    pub fn merge(&mut self, mut other: Published) {
+        self.held.append(&mut other.held);
+        self.ticket = self.ticket.max(other.ticket);
+        self.confirms.append(&mut other.confirms);
+        self.wakes.append(&mut other.wakes);
+    }
+}
+
 /// How a message from another node came here, which decides who among the subscribers its
 /// scope matches gets it (see [`crate::broker::remote::Remotes::publish_forwarded`]).
 #[derive(Debug, Clone, Copy)]
@@ -302,7 +312,8 @@ impl Broker {
         let started = clock.at();
         let router = Router::new(config.shared.strategy, config.mqtt.overlapping);
         let live = RwLock::new(Arc::new(Live::of(&config)));
-        let compiled_rules = Rules::compile(&config.rules);
+        let node = config.cluster.enabled.then_some(config.cluster.node.as_str());
+        let compiled_rules = Rules::compile(&config.rules, &config.sinks, node, clock.unix_ms(started));
         let broker = Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),

@@ -266,18 +266,32 @@ impl Broker {
     ) {
         for e in targets {
             let Subscriber::Session(session) = e.to else { continue };
-            let (r, ticket) = self.deliver(session, e.delivery(msg), now, &mut out.wakes);
-            out.ticket = out.ticket.max(ticket);
-            let paced_until = match r {
-                Enqueued::QueuedOverLimit => None,
-                Enqueued::Paced(until) => Some(until),
-                _ => continue,
-            };
-            // A client is never held back by its own subscription.
-            if session.id != msg.origin {
-                out.held.push(Holder { session: session.clone(), paced_until });
-            }
+            self.deliver_holding(session, e.delivery(msg), out, now);
         }
+    }
+
+    /// Delivers `d` to `session` at `now`, adding to `out` the store ticket and, if the session
+    /// is behind, the session as one that holds the publisher back (unless the publisher is
+    /// the session itself: a client is never held back by its own subscription).
+    pub(super) fn deliver_holding(
+        &self,
+        session: &Arc<Session>,
+        d: Delivery,
+        out: &mut Published,
+        now: Instant,
+    ) -> Enqueued {
+        let origin = d.msg.origin;
+        let (r, ticket) = self.deliver(session, d, now, &mut out.wakes);
+        out.ticket = out.ticket.max(ticket);
+        let paced_until = match r {
+            Enqueued::QueuedOverLimit => None,
+            Enqueued::Paced(until) => Some(until),
+            _ => return r,
+        };
+        if session.id != origin {
+            out.held.push(Holder { session: session.clone(), paced_until });
+        }
+        r
     }
 
     fn deliver(

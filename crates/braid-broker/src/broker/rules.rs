@@ -1,20 +1,23 @@
 //! The broker's side of rules (see [`crate::rules`]): they run on a client's PUBLISH once it
 //! is routed, and on the client events (connected, disconnected, subscribed, unsubscribed)
 //! when a rule takes them, with no lock held; what they republish is routed as the broker
-//! routes its own messages (`$SYS`, wills): no ACL, and no rule runs on it again.
+//! routes its own messages (`$SYS`, wills): no ACL, and no rule runs on it again. An output
+//! for a sink goes, as a QoS 1 message, straight into the queue of the sink's outbox session
+//! (never through the router: no client can subscribe to it, and in a cluster no other node
+//! gets it), kept in the store as any persistent session's queue.
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use braid_proto::{ByteString, Connect, ProtocolVersion, ReasonCode};
+use braid_proto::{ByteString, Bytes, Connect, ProtocolVersion, Publish, QoS, ReasonCode};
 use braid_rules::{Context, Event};
 use serde_json::Value;
 
 use super::Ending;
 use super::{Broker, Published};
-use crate::message::Message;
-use crate::rules::{Publisher, Rules};
-use crate::session::{Origin, Session, SessionState};
+use crate::message::{Delivery, Message};
+use crate::rules::{Actions, Publisher, Rules, SinkOutbox};
+use crate::session::{Enqueued, Origin, Session, SessionState};
 
 impl Broker {
     /// The rules, with their counters.
@@ -22,16 +25,55 @@ impl Broker {
         &self.rules
     }
 
-    /// Runs the rules on `msg`, which a client published at `now`, and routes what they
-    /// republish; returns what that routing woke.
+    /// Runs the rules on `msg`, which a client published at `now`; returns what the client's
+    /// acknowledgement waits for (what they republished, and the outputs put in sinks'
+    /// outboxes, stored) and the connections to wake.
     pub(crate) fn apply_rules(&self, msg: &Message, publisher: Publisher<'_>, now: Instant) -> Published {
-        let mut out = Published::default();
-        self.rules.apply(msg, publisher, self.clock.unix_ms(now) as i64, |p| {
-            let mut published =
-                self.publish(Message::from_publish(p, now, 0, msg.origin_client.clone()), now);
-            out.wakes.append(&mut published.wakes);
-        });
-        out
+        let mut effects = Effects::new(self, msg.origin_client.clone(), now);
+        self.rules.apply(msg, publisher, self.clock.unix_ms(now) as i64, &mut effects);
+        effects.out
+    }
+}
+
+/// What the actions of rules make, at `now`, on behalf of client `origin_client`.
+struct Effects<'b> {
+    broker: &'b Broker,
+    origin_client: ByteString,
+    now: Instant,
+    out: Published,
+}
+
+impl<'b> Effects<'b> {
+    fn new(broker: &'b Broker, origin_client: ByteString, now: Instant) -> Effects<'b> {
+        Effects { broker, origin_client, now, out: Published::default() }
+    }
+}
+
+impl Actions for Effects<'_> {
+    fn republish(&mut self, publish: Publish) {
+        let msg = Message::from_publish(publish, self.now, 0, self.origin_client.clone());
+        self.out.merge(self.broker.publish(msg, self.now));
+    }
+
+    fn to_sink(&mut self, outbox: &SinkOutbox, output: Bytes) -> Result<(), String> {
+        let Some(session) = self.broker.session_of(&outbox.client_id) else {
+            return Err("its outbox is not open yet".into());
+        };
+        let publish = Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: format!("$sink/{}", outbox.sink).into(),
+            packet_id: 0,
+            properties: Default::default(),
+            payload: output,
+        };
+        let msg = Message::from_publish(publish, self.now, 0, self.origin_client.clone());
+        let d = Delivery::of(msg, QoS::AtLeastOnce);
+        match self.broker.deliver_holding(&session, d, &mut self.out, self.now) {
+            Enqueued::DroppedFull => Err("its outbox is full (queue_overflow = \"drop_newest\")".into()),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -134,10 +176,8 @@ impl Broker {
             fields,
             ..Context::default()
         };
-        let origin_client = ByteString::from(client_id);
-        self.rules.on_event(&ctx, |p| {
-            drop(self.publish(Message::from_publish(p, now, 0, origin_client.clone()), now));
-        });
+        let mut effects = Effects::new(self, ByteString::from(client_id), now);
+        self.rules.on_event(&ctx, &mut effects);
     }
 }
 

@@ -63,7 +63,7 @@ impl ConfigError {
         let mut key = None;
         let mut problems = Vec::new();
         for e in err {
-            let at = e.path.join(".");
+            let at = key_of(&e.path);
             let mut problem = describe(&e.kind, &e.path);
             if let Some(from) = e.metadata.as_ref().and_then(|m| origin(m, &e.path)) {
                 problem = format!("{problem} (from {from})");
@@ -89,8 +89,11 @@ impl ConfigError {
     pub(super) fn with_origin(self, figment: &Figment) -> ConfigError {
         match self {
             ConfigError::Key { key, problem } => {
+                // An item of a list (`sinks[0].url`) came from where the list came from.
                 let path: Vec<&str> = key.split('.').collect();
-                let problem = match figment.find_metadata(&key).and_then(|m| origin(m, &path)) {
+                let list = key.split_once('[').map(|(list, _)| list);
+                let metadata = figment.find_metadata(&key).or_else(|| figment.find_metadata(list?));
+                let problem = match metadata.and_then(|m| origin(m, &path)) {
                     Some(from) => format!("{problem} (from {from})"),
                     None => problem,
                 };
@@ -176,4 +179,20 @@ pub(super) fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str>
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
+}
+
+/// A figment path as keys are written in errors: `sinks[0].type`, not `sinks.0.type`.
+fn key_of(path: &[String]) -> String {
+    let mut key = String::new();
+    for part in path {
+        if part.bytes().all(|b| b.is_ascii_digit()) && !key.is_empty() {
+            key.push_str(&format!("[{part}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(part);
+        }
+    }
+    key
 }

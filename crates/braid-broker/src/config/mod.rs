@@ -16,6 +16,7 @@ mod mqtt;
 mod rules;
 mod runtime;
 mod security;
+mod sinks;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -41,6 +42,7 @@ pub use mqtt::{
 pub use rules::RuleConfig;
 pub use runtime::{LogConfig, RuntimeConfig};
 pub use security::{AclConfig, AclPolicy, AuthConfig, DeniedPublish};
+pub use sinks::{SinkConfig, SinkKind};
 pub use store::{Durability, StoreBackend, StoreConfig};
 
 /// The whole configuration.
@@ -81,6 +83,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Rules run on what clients publish (`[[rules]]`, see `docs/rules.md`).
     pub rules: Vec<RuleConfig>,
+    /// Where rules send their outputs (`[[sinks]]`, see `docs/rules.md`).
+    pub sinks: Vec<SinkConfig>,
 }
 
 impl Config {
@@ -143,7 +147,8 @@ impl Config {
         self.tls.validate()?;
         self.store.validate()?;
         admin::validate(self)?;
-        rules::validate(&self.rules)?;
+        sinks::validate(&self.sinks)?;
+        rules::validate(&self.rules, &self.sinks)?;
         self.cluster.validate()
     }
 }

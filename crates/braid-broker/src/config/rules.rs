@@ -3,7 +3,7 @@
 use braid_rules::{Action, Rule};
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{ConfigError, SinkConfig};
 
 /// One rule.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -13,14 +13,15 @@ pub struct RuleConfig {
     pub name: String,
     /// `SELECT ... FROM ... [WHERE ...]`.
     pub sql: String,
-    /// What it does with each output: `republish:TOPIC-TEMPLATE`.
+    /// What it does with each output: `republish:TOPIC-TEMPLATE`, or a sink's name.
     pub actions: Vec<String>,
 }
 
 impl RuleConfig {
-    /// Compiles the rule (`[[rules]]` number `at`, from 0) and parses its actions; the error
-    /// names the key at fault, the position in it and the problem.
-    pub fn compile(&self, at: usize) -> Result<(Rule, Vec<Action>), ConfigError> {
+    /// Compiles the rule (`[[rules]]` number `at`, from 0) and parses its actions, whose sinks
+    /// must be among `sinks`; the error names the key at fault, the position in it and the
+    /// problem.
+    pub fn compile(&self, at: usize, sinks: &[SinkConfig]) -> Result<(Rule, Vec<Action>), ConfigError> {
         let key = |field: &str| format!("rules[{at}].{field}");
         if self.name.is_empty() {
             return Err(ConfigError::invalid(key("name"), "required: a name for the rule"));
@@ -37,10 +38,12 @@ impl RuleConfig {
             let action = Action::parse(text)
                 .map_err(|e| ConfigError::invalid(format!("rules[{at}].actions[{i}]"), e))?;
             if let Action::Sink(name) = &action {
-                return Err(ConfigError::invalid(
-                    format!("rules[{at}].actions[{i}]"),
-                    format!("{name:?}: sinks are not available yet; use republish:TOPIC"),
-                ));
+                if !sinks.iter().any(|s| s.name == *name) {
+                    return Err(ConfigError::invalid(
+                        format!("rules[{at}].actions[{i}]"),
+                        format!("{name:?}: no [[sinks]] has this name (or write republish:TOPIC)"),
+                    ));
+                }
             }
             actions.push(action);
         }
@@ -48,10 +51,10 @@ impl RuleConfig {
     }
 }
 
-/// Every rule compiles, and no two share a name.
-pub(super) fn validate(rules: &[RuleConfig]) -> Result<(), ConfigError> {
+/// Every rule compiles, names only `sinks` that exist, and no two share a name.
+pub(super) fn validate(rules: &[RuleConfig], sinks: &[SinkConfig]) -> Result<(), ConfigError> {
     for (at, rule) in rules.iter().enumerate() {
-        rule.compile(at)?;
+        rule.compile(at, sinks)?;
         if rules[..at].iter().any(|other| other.name == rule.name) {
             return Err(ConfigError::invalid(
                 format!("rules[{at}].name"),

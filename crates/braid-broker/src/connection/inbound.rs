@@ -14,7 +14,7 @@ use braid_proto::{
 use super::receive_window::WindowShare;
 use crate::auth::ConnectionAcl;
 use crate::broker::live::Live;
-use crate::broker::{Broker, Ending, Holder};
+use crate::broker::{Broker, Ending, Holder, Published};
 use crate::config::DeniedPublish;
 use crate::directory::Waiting;
 use crate::limits::{topic_too_big, PublishLimiter};
@@ -481,10 +481,10 @@ impl<'a> Inbound<'a> {
         };
         let for_rules = self.broker.rules().wants_topic(&msg.topic).then(|| msg.clone());
         let mut published = self.broker.publish(msg, now);
-        self.wakes.append(&mut published.wakes);
         if let Some(msg) = for_rules {
-            self.apply_rules(&msg, now);
+            published.merge(self.apply_rules(&msg, now));
         }
+        self.wakes.append(&mut published.wakes);
         ticket = ticket.max(published.ticket);
         let confirms = published.confirms;
         if !published.held.is_empty() {
@@ -503,16 +503,16 @@ impl<'a> Inbound<'a> {
         Flow::Continue
     }
 
-    /// Runs the broker's rules on `msg`, which this client published, with who it is.
-    fn apply_rules(&mut self, msg: &Message, now: Instant) {
+    /// Runs the broker's rules on `msg`, which this client published, with who it is; returns
+    /// what the client's acknowledgement waits for.
+    fn apply_rules(&self, msg: &Message, now: Instant) -> Published {
         let (username, peer) = {
             let st = self.session.lock();
             let origin = st.link.as_ref().map(|l| &l.origin);
             (origin.and_then(|o| o.username.clone()), origin.map(|o| o.peer))
         };
         let publisher = Publisher { username: username.as_deref(), peer };
-        let mut published = self.broker.apply_rules(msg, publisher, now);
-        self.wakes.append(&mut published.wakes);
+        self.broker.apply_rules(msg, publisher, now)
     }
 
     /// Sends an acknowledgement once the store changes it confirms (up to `ticket`) are on

@@ -1,0 +1,303 @@
+//! Sinks (`[[sinks]]`, see docs/rules.md): where rules send their outputs.
+//!
+//! A sink's outbox is the persistent session of the in-process client `$internal/sink/<name>`
+//! (`@<node>` in a cluster), into whose queue the broker puts each output of a rule that names
+//! the sink, stored before the publisher is acknowledged (see `braid_broker::rules`). The
+//! sink's worker takes the outputs out in batches, writes them to the target, and
+//! acknowledges each to the outbox once the target confirmed it, or refused it for good (an
+//! HTTP 4xx, a violated constraint: counted, logged at most once a second). A write that failed
+//! otherwise (the target away, a 5xx, a timeout) is written again after a pause, for as long as
+//! it takes, while the outbox keeps what comes meanwhile, bounded by its limits: at least once,
+//! and nothing acknowledged is lost to a stopped target or a `kill -9` of Braid. A slow target
+//! holds only its own worker: deliveries to subscribers and other sinks go on.
+
+mod http;
+mod influxdb;
+mod postgres;
+mod redis;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_broker::config::{SinkConfig, SinkKind};
+use braid_broker::rules::SinkOutbox;
+use braid_broker::Broker;
+use braid_client::{Backoff, Client, Event, Received};
+use futures_util::FutureExt;
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::stats::{bump, Stats, Watch, Watched, SINKS};
+
+/// A rule's output, as the rule made it.
+pub(crate) type Output = Map<String, Value>;
+
+/// What became of one output written to a target.
+#[derive(Debug, Clone)]
+pub(crate) enum Written {
+    /// The target confirmed it.
+    Sent,
+    /// The target refused it for good: writing it again would not help.
+    Refused(String),
+    /// It may not have arrived: written again after a pause.
+    Failed(String),
+}
+
+impl Written {
+    /// What an HTTP answer with `status` means for an output: 2xx is success; 4xx a refusal,
+    /// but 408 and 429 (the target asks for time) and anything else are written again.
+    fn from_status(status: reqwest::StatusCode) -> Written {
+        use reqwest::StatusCode;
+        match status {
+            s if s.is_success() => Written::Sent,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS => {
+                Written::Failed(status.to_string())
+            }
+            s if s.is_client_error() => Written::Refused(s.to_string()),
+            s => Written::Failed(s.to_string()),
+        }
+    }
+}
+
+/// The HTTP client of an `http` or `influxdb` sink: kept-alive connections, `timeout_ms` per
+/// request, and `ca_file`'s certificate among the roots if set.
+fn http_client(config: &SinkConfig) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder()
+        .timeout(Duration::from_millis(config.timeout_ms))
+        .pool_max_idle_per_host(config.batch_size.min(64));
+    if !config.ca_file.is_empty() {
+        let pem = std::fs::read(&config.ca_file).map_err(|e| format!("ca_file {}: {e}", config.ca_file))?;
+        let ca =
+            reqwest::Certificate::from_pem(&pem).map_err(|e| format!("ca_file {}: {e}", config.ca_file))?;
+        builder = builder.add_root_certificate(ca);
+    }
+    builder.build().map_err(|e| format!("cannot make an HTTP client: {e}"))
+}
+
+/// The first and the longest pause before failed writes are made again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What a sink writes to.
+enum Target {
+    Http(http::Http),
+    Postgres(postgres::Postgres),
+    Redis(redis::Redis),
+    Influxdb(influxdb::Influxdb),
+}
+
+impl Target {
+    /// The target of `config` (checked); connections are opened when first written to.
+    fn new(config: &SinkConfig) -> Result<Target, String> {
+        Ok(match config.kind {
+            SinkKind::Http => Target::Http(http::Http::new(config)?),
+            SinkKind::Postgres => Target::Postgres(postgres::Postgres::new(config)?),
+            SinkKind::Redis => Target::Redis(redis::Redis::new(config)?),
+            SinkKind::Influxdb => Target::Influxdb(influxdb::Influxdb::new(config)?),
+        })
+    }
+
+    /// Writes `batch`: what became of each output, in order.
+    async fn write(&mut self, batch: &[&Output]) -> Vec<Written> {
+        match self {
+            Target::Http(t) => t.write(batch).await,
+            Target::Postgres(t) => t.write(batch).await,
+            Target::Redis(t) => t.write(batch).await,
+            Target::Influxdb(t) => t.write(batch).await,
+        }
+    }
+}
+
+/// One running sink: its worker and its counters, until `stop`.
+pub(crate) async fn start(broker: &Arc<Broker>, config: SinkConfig, stop: &CancellationToken) {
+    let config = Arc::new(config);
+    let stats = Arc::new(Stats::default());
+    let node = broker.config().cluster.enabled.then_some(broker.config().cluster.node.as_str());
+    let client_id = SinkOutbox::client_id(&config.name, node);
+    let kind = config.kind.as_str();
+    let watch = Watch {
+        family: &SINKS,
+        kind,
+        name: config.name.clone(),
+        stats: stats.clone(),
+        outbox: Some(client_id.clone()),
+    };
+    Watched::start(broker, watch, stop.clone());
+    let target = match Target::new(&config) {
+        Ok(t) => t,
+        Err(e) => return warn!(sink = %config.name, "sink: {e}; it is not started"),
+    };
+    let limits =
+        crate::outbox_limits(config.max_queued_messages, config.max_queued_bytes, config.queue_overflow);
+    // The outbox is opened before this returns: outputs of rules find it from the first
+    // publish on.
+    let window = config.batch_size.clamp(1, u16::MAX as usize) as u16;
+    let client = match crate::connect_as(broker, &client_id, limits.clone(), window).await {
+        Ok((client, _)) => client,
+        Err(e) => return warn!(sink = %config.name, "sink: cannot open its outbox: {e}"),
+    };
+    info!(sink = %config.name, %kind, url = %redacted(&config.url), "sink started");
+    let broker = broker.clone();
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        let worker = Worker { config, stats, target, stop };
+        worker.run(&broker, client, &client_id, limits).await;
+    });
+}
+
+/// `url` without its password, for the log.
+fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// A sink's worker: takes outputs from the outbox and writes them to the target.
+struct Worker {
+    config: Arc<SinkConfig>,
+    stats: Arc<Stats>,
+    target: Target,
+    stop: CancellationToken,
+}
+
+impl Worker {
+    /// Runs until `stop`, connecting the outbox again if its connection ends.
+    async fn run(
+        mut self,
+        broker: &Arc<Broker>,
+        mut client: Client,
+        client_id: &str,
+        limits: Arc<braid_broker::session::QueueLimits>,
+    ) {
+        let window = self.config.batch_size.clamp(1, u16::MAX as usize) as u16;
+        loop {
+            if !self.drain(&client).await {
+                return;
+            }
+            // The outbox's connection ended without a stop (taken over): open it again.
+            client = match crate::connect_as(broker, client_id, limits.clone(), window).await {
+                Ok((client, _)) => client,
+                Err(e) => return warn!(sink = %self.config.name, "sink: cannot open its outbox again: {e}"),
+            };
+        }
+    }
+
+    /// Writes batches from `client`'s outbox until its connection ends (true) or the sink
+    /// stops (false).
+    async fn drain(&mut self, client: &Client) -> bool {
+        loop {
+            let first = tokio::select! {
+                event = client.recv_unacked() => event,
+                _ = self.stop.cancelled() => return false,
+            };
+            let mut batch = Vec::new();
+            let mut next = first;
+            loop {
+                match next {
+                    Some((Event::Message(p), received)) => batch.push((output(&p.payload), received)),
+                    Some((Event::Disconnected(_), _)) | None => break,
+                    Some(_) => {}
+                }
+                if batch.len() >= self.config.batch_size {
+                    break;
+                }
+                // What else is there already, without waiting.
+                match client.recv_unacked().now_or_never() {
+                    Some(event) => next = event,
+                    None => break,
+                }
+            }
+            if batch.is_empty() {
+                return !self.stop.is_cancelled();
+            }
+            if !self.write(&batch).await {
+                return false;
+            }
+            for (_, received) in batch {
+                if let Some(r) = received {
+                    client.ack(r);
+                }
+            }
+        }
+    }
+
+    /// Writes `batch` until the target has taken or refused each output (true), or the sink
+    /// stops (false: nothing is acknowledged, the outbox sends the batch again).
+    async fn write(&mut self, batch: &[(Option<Output>, Option<Received>)]) -> bool {
+        let (config, stats) = (&*self.config, &*self.stats);
+        let mut pending: Vec<&Output> = Vec::with_capacity(batch.len());
+        for (output, _) in batch {
+            match output {
+                Some(o) => pending.push(o),
+                None => self.refused("not a rule's output (not a JSON object)"),
+            }
+        }
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+        let timeout = Duration::from_millis(config.timeout_ms);
+        while !pending.is_empty() {
+            let n = pending.len() as u64;
+            stats.in_flight.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            let written = match tokio::time::timeout(timeout, self.target.write(&pending)).await {
+                Ok(written) => written,
+                Err(_) => {
+                    let why = format!("no answer within timeout_ms = {}", config.timeout_ms);
+                    pending.iter().map(|_| Written::Failed(why.clone())).collect()
+                }
+            };
+            stats.in_flight.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+            let mut again = Vec::new();
+            let mut failure = None;
+            for (output, w) in pending.into_iter().zip(written) {
+                match w {
+                    Written::Sent => bump(&self.stats.sent),
+                    Written::Refused(why) => self.refused(&why),
+                    Written::Failed(why) => {
+                        again.push(output);
+                        failure = Some(why);
+                    }
+                }
+            }
+            match failure {
+                None => {
+                    if self.stats.set_up(true) {
+                        info!(sink = %self.config.name, "sink: the target takes writes");
+                    }
+                }
+                Some(why) => {
+                    let stats = &*self.stats;
+                    stats.failed.fetch_add(again.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    let pause = backoff.next();
+                    if stats.set_up(false) || stats.may_log() {
+                        warn!(sink = %self.config.name, "sink: {} writes failed ({why}); writing them again in {} ms, the outbox keeps the rest", again.len(), pause.as_millis());
+                    }
+                    if !crate::pause(&mut backoff, &self.stop).await {
+                        return false;
+                    }
+                }
+            }
+            pending = again;
+        }
+        true
+    }
+
+    /// Counts and logs (at most once a second) an output the target refused for good.
+    fn refused(&self, why: &str) {
+        bump(&self.stats.dropped);
+        if self.stats.may_log() {
+            warn!(sink = %self.config.name, "sink: the target refused an output ({why}); it is counted as failed and not written again");
+        }
+    }
+}
+
+/// The rule output a message of the outbox carries.
+fn output(payload: &[u8]) -> Option<Output> {
+    match serde_json::from_slice(payload) {
+        Ok(Value::Object(o)) => Some(o),
+        _ => None,
+    }
+}
