@@ -39,7 +39,7 @@ SECURED_SCHEMES = {"bearer": ("http", "bearer"), "basic": ("http", "basic")}
 # Harmless stand-ins for path parameters (nothing exists under these names) and, for the GETs
 # of test_every_get_answers_200_with_its_documented_shape, names that exist on the test broker.
 ABSENT = {"id": "openapi-no-such-client", "topic": "openapi/no/such/topic"}
-PRESENT = {"id": "openapi-sub", "topic": "openapi/retained", "name": "openapi-trace"}
+PRESENT = {"id": "openapi-sub", "topic": "openapi/retained", "name": "openapi-trace", "rule": "openapi", "sink": "openapi"}
 
 
 def load_spec():

@@ -5,7 +5,8 @@ tests/interop/js/dashboard.mjs, one JSON command per line) loads the pages the b
 `/`, while independent clients (paho-mqtt, mosquitto_pub) change what the broker holds: the
 live connection count on the overview, kicking a client from the clients page (the client gets
 DISCONNECT 0x98, Administrative action), deleting a retained message from the retained page,
-the API key prompt when admin.api_keys_file is set, draining a cluster node from the nodes page.
+the API key prompt when admin.api_keys_file is set, draining a cluster node from the nodes page,
+the rules page's counters and its rule tester.
 
 Screenshots of each page are kept under $BRAID_TEST_ARTIFACTS/dashboard (default
 /tmp/braid-test-artifacts/dashboard), named <test>-<page>.png; a command that fails adds a
@@ -27,7 +28,7 @@ import pytest
 from paho.mqtt.client import MQTTv5
 from paho.mqtt.packettypes import PacketTypes
 
-from conftest import BRAID_BIN
+from conftest import BRAID_BIN, free_port
 from helpers import mosquitto_pub, unique, v5_properties
 
 pytestmark = pytest.mark.braid_only  # Mosquitto has no dashboard
@@ -377,6 +378,65 @@ def test_api_key_prompt(admin_broker, dashboard, connect, tmp_path):
     d.visible("key-dialog")
 
 
+def test_rules_page_lists_rules_and_sinks_and_tests_a_rule(admin_broker, dashboard):
+    # The sink points at a port where nothing listens: it sends nothing (its state follows).
+    sql = 'SELECT clientid, payload.temp AS temp FROM "sensors/+/temp" WHERE payload.temp > 30'
+    b = admin_broker(rules=[{"name": "hot", "sql": sql, "actions": ["hook"]}],
+                     sinks=[{"name": "hook", "type": "http", "url": f"http://127.0.0.1:{free_port()}/ingest"}])
+    mosquitto_pub(b, "sensors/a1/temp", json.dumps({"temp": 35}), qos=1)  # selected
+    mosquitto_pub(b, "sensors/a1/temp", json.dumps({"temp": 20}), qos=1)  # WHERE leaves it out
+    d = dashboard(b)
+    d.call("goto", path="/#/overview")
+    d.call("click", testid="nav-rules")
+    d.text("rule-matched-hot", equals=1, timeout=10)
+    assert sql in d.text("rules-row-hot") and "hook" in d.text("rules-row-hot")
+    status, body = api(b, "/api/v1/rules")
+    assert status == 200 and [(r["name"], r["matched"]) for r in body["data"]] == [("hot", 1)], body
+    [rule] = body["data"]
+    d.text("rule-passed-hot", equals=rule["passed"])
+    d.text("rule-failed-hot", equals=rule["failed"])
+    d.visible("sinks-row-hook")
+    assert "http" in d.text("sinks-row-hook")
+    d.text("sink-state-hook", matches=r"^(up|down)$")
+    d.text("sink-sent-hook", equals=0)
+    status, body = api(b, "/api/v1/sinks")
+    assert status == 200 and [(s["name"], s["kind"], s["sent"]) for s in body["data"]] == [("hook", "http", 0)], body
+
+    # The tester, from the rule's Test button: a sample it selects gives its output.
+    d.call("click", testid="test-rule-hot")
+    d.call("wait_js", fn="(s) => document.querySelector(\"[data-testid='rule-test-sql']\").value === s", arg=sql)
+    d.call("fill", testid="rule-test-topic", value="sensors/b2/temp")
+    d.call("fill", testid="rule-test-clientid", value="b2")
+    d.call("fill", testid="rule-test-payload", value='{"temp": 41.5}')
+    d.call("click", testid="rule-test-run")
+    output = d.text("rule-test-output")
+    assert json.loads(output) == {"clientid": "b2", "temp": 41.5}, output
+    assert "\n" in output, f"pretty-printed: {output!r}"
+    assert "selects" in d.text("rule-test-verdict")
+    d.screenshot("rules")
+
+    # A sample it does not select.
+    d.call("fill", testid="rule-test-payload", value='{"temp": 12}')
+    d.call("click", testid="rule-test-run")
+    d.text("rule-test-verdict", matches="does not select")
+    d.gone("rule-test-output")
+
+    # A misspelt function: the broker's 400, naming the position, in the tester (not the banner).
+    d.call("fill", testid="rule-test-sql", value='SELECT lenght(topic) FROM "s/#"')
+    d.call("fill", testid="rule-test-topic", value="s/x")
+    d.call("click", testid="rule-test-run")
+    error = d.text("rule-test-error")
+    assert "line 1, column 8" in error and "lenght" in error, error
+    d.gone("rule-test-output")
+    assert d.call("attr", testid="error-banner", name="hidden") is not None, d.text("error-banner")
+    d.screenshot("rules-test-error")
+
+    # Testing moved no counter.
+    status, body = api(b, "/api/v1/rules")
+    assert [(r["name"], r["matched"]) for r in body["data"]] == [("hot", 1)], body
+    d.text("rule-matched-hot", equals=1)
+
+
 def test_every_page_renders(admin_broker, dashboard, connect):
     b = admin_broker()
     c = connect(b, protocol=MQTTv5, properties=persistent())
@@ -396,6 +456,7 @@ def test_every_page_renders(admin_broker, dashboard, connect):
         ("listeners", "nav-listeners", f"listeners-row-127.0.0.1:{b.port}"),
         ("nodes", "nav-nodes", "nodes-row-local"),
         ("bridges", "nav-bridges", "empty"),
+        ("rules", "nav-rules", "rules-table"),
     ]
     for name, link, shows in pages:
         d.call("click", testid=link)

@@ -1,6 +1,6 @@
 // Braid's web dashboard: a single page in plain JavaScript (no framework, no build step) over
 // the REST API under /api/v1. Hash routes: #/overview, #/clients, #/clients/<id>,
-// #/subscriptions, #/retained, #/listeners, #/nodes, #/bridges. With admin.api_keys_file set
+// #/subscriptions, #/retained, #/listeners, #/nodes, #/bridges, #/rules. With admin.api_keys_file set
 // the API answers 401 until the operator enters a key, which this tab keeps in sessionStorage
 // and sends as `Authorization: Bearer KEY`. Elements tests look for carry data-testid.
 'use strict';
@@ -96,10 +96,12 @@
   // ---- the API ----------------------------------------------------------------------------
 
   class ApiError extends Error {
-    constructor(status, message, code) {
+    /** `said`: the API's own words (its `error`), without the method and path. */
+    constructor(status, message, code, said) {
       super(message);
       this.status = status;
       this.code = code;
+      this.said = said || message;
     }
   }
 
@@ -116,15 +118,23 @@
     return s ? `?${s}` : '';
   }
 
-  /** Calls the API; resolves to the JSON body (null for 204), rejects with an ApiError. */
+  /**
+   * Calls the API, with `options.body` (if any) sent as JSON; resolves to the JSON body (null for
+   * 204), rejects with an ApiError.
+   */
   async function api(path, options = {}) {
     const method = options.method || 'GET';
     const headers = { accept: 'application/json' };
     const key = sessionStorage.getItem(KEY_STORAGE);
     if (key) headers.authorization = `Bearer ${key}`;
+    let body;
+    if (options.body !== undefined) {
+      headers['content-type'] = 'application/json';
+      body = JSON.stringify(options.body);
+    }
     let res;
     try {
-      res = await fetch(`/api/v1${path}`, { method, headers, cache: 'no-store' });
+      res = await fetch(`/api/v1${path}`, { method, headers, body, cache: 'no-store' });
     } catch (e) {
       setStatus(false, 'broker unreachable');
       throw new ApiError(0, `${method} /api/v1${path}: the broker is unreachable (${e.message})`, 'NETWORK');
@@ -132,22 +142,22 @@
     setStatus(true);
     if (res.status === 204) return null;
     const text = await res.text();
-    let body = null;
+    let answer = null;
     try {
-      body = text ? JSON.parse(text) : null;
+      answer = text ? JSON.parse(text) : null;
     } catch (_) {
-      body = null;
+      answer = null;
     }
-    const said = body && typeof body.error === 'string' ? body.error : `${res.status} ${res.statusText}`;
+    const said = answer && typeof answer.error === 'string' ? answer.error : `${res.status} ${res.statusText}`;
     if (res.status === 401) {
       setStatus(false, 'API key needed');
       askForKey(key ? said : null);
       throw new ApiError(401, said, 'UNAUTHORIZED');
     }
     if (!res.ok) {
-      throw new ApiError(res.status, `${method} /api/v1${path}: ${said}`, body && body.code);
+      throw new ApiError(res.status, `${method} /api/v1${path}: ${said}`, answer && answer.code, said);
     }
-    return body;
+    return answer;
   }
 
   // ---- page furniture: status, errors, notices, the key prompt ----------------------------
@@ -812,9 +822,124 @@
   const bridges = listPage('Bridges', '/bridges', 'bridges-table',
     (rows) => columnsOf(rows, ['name', 'kind', 'state']), 'No bridges are configured.');
 
+  // ---- rules and sinks --------------------------------------------------------------------
+
+  /** A number in a table cell that tests can find: `testid`. */
+  const counter = (testid, n) => h('span', { 'data-testid': testid }, fmtNumber(n));
+
+  /**
+   * The rule tester, as EMQX's: a statement and a sample message in, POST /rules/test, and the
+   * answer shown (the output, "not selected", or the refusal naming the position). Nothing is
+   * published and no counter moves. `load(sql)` puts a rule's statement in it.
+   */
+  function ruleTester() {
+    const area = (testid, label, placeholder, rows) => h('textarea', {
+      class: 'mono', rows, spellcheck: 'false', 'data-testid': testid, 'aria-label': label, placeholder,
+    });
+    const text = (testid, label, placeholder) => h('input', {
+      type: 'text', spellcheck: 'false', 'data-testid': testid, 'aria-label': label, placeholder,
+    });
+    const sql = area('rule-test-sql', 'SQL', 'SELECT clientid, payload.temp AS temp FROM "sensors/+/temp" WHERE payload.temp > 30', 4);
+    sql.required = true;
+    const topic = text('rule-test-topic', 'Topic', 'sensors/a1/temp');
+    const clientid = text('rule-test-clientid', 'Client id', 'a1');
+    const username = text('rule-test-username', 'Username', 'none');
+    const payload = area('rule-test-payload', 'Payload', '{"temp": 35}', 3);
+    const run = h('button', { type: 'submit', 'data-testid': 'rule-test-run' }, 'Run test');
+    const result = h('div', { class: 'test-result', 'data-testid': 'rule-test-result', 'aria-live': 'polite', hidden: true });
+
+    const show = (kind, verdict, detail, testid) => {
+      result.className = `test-result ${kind}`;
+      result.replaceChildren(h('p', { class: 'verdict', 'data-testid': 'rule-test-verdict' }, verdict),
+        detail === undefined ? null : h('pre', { class: 'mono', 'data-testid': testid }, detail));
+      result.hidden = false;
+    };
+    const test = async (ev) => {
+      ev.preventDefault();
+      const context = { payload: payload.value, clientid: clientid.value.trim() };
+      if (topic.value.trim()) context.topic = topic.value.trim();
+      if (username.value.trim()) context.username = username.value.trim();
+      run.disabled = true;
+      try {
+        const answer = await api('/rules/test', { method: 'POST', body: { sql: sql.value, context } });
+        if (answer.matched) {
+          show('matched', 'The rule selects this message. Its output:', JSON.stringify(answer.output, null, 2), 'rule-test-output');
+        } else {
+          show('unmatched', 'The rule does not select this message: its FROM or WHERE leaves it out.');
+        }
+      } catch (e) {
+        if (e.status === 400) show('failed', 'The broker refuses the test:', e.said, 'rule-test-error');
+        else show('failed', 'The test did not run:', (e && e.message) || String(e), 'rule-test-error');
+      }
+      run.disabled = false;
+    };
+    const field = (label, input) => h('label', {}, label, input);
+    const el = h('form', { class: 'card tester', 'data-testid': 'rule-test-form', autocomplete: 'off', onsubmit: test },
+      field('SQL', sql),
+      h('div', { class: 'sample' }, field('Topic', topic), field('Client id', clientid), field('Username', username)),
+      field('Payload', payload),
+      h('div', { class: 'tester-actions' }, run,
+        h('span', { class: 'hint' }, 'Runs the statement on this sample only: nothing is published, no counter moves. '
+          + 'An empty topic is the FROM\'s filter, if it has no wildcard.')),
+      result);
+    return {
+      el,
+      load(statement) {
+        sql.value = statement;
+        result.hidden = true;
+        el.scrollIntoView({ block: 'start' });
+        sql.focus();
+      },
+    };
+  }
+
+  function rules(view) {
+    const rulesBox = h('div', { 'data-testid': 'rules-table' });
+    const sinksBox = h('div', { 'data-testid': 'sinks-table' });
+    const tester = ruleTester();
+    view.append(pageHeader('Rules'), rulesBox, h('h2', {}, 'Sinks'), sinksBox, h('h2', {}, 'Test a rule'), tester.el);
+
+    const ruleColumns = [
+      { label: 'Name', cell: (r) => r.name },
+      { label: 'SQL', class: 'sql', cell: (r) => h('code', {}, r.sql) },
+      { label: 'Actions', cell: (r) => h('span', {}, r.actions.map((a) => h('span', { class: 'badge' }, fmtValue(a)))) },
+      { label: 'Matched', class: 'num', cell: (r) => counter(`rule-matched-${r.name}`, r.matched) },
+      { label: 'Passed', class: 'num', cell: (r) => counter(`rule-passed-${r.name}`, r.passed) },
+      { label: 'Failed', class: 'num', cell: (r) => counter(`rule-failed-${r.name}`, r.failed) },
+      {
+        label: 'Last error', class: 'last-error',
+        cell: (r) => (r.last_error ? h('span', { class: 'error-text', 'data-testid': `rule-error-${r.name}` }, r.last_error) : null),
+      },
+      {
+        label: '', class: 'actions',
+        cell: (r) => h('button', { type: 'button', 'data-testid': `test-rule-${r.name}`, onclick: () => tester.load(r.sql) }, 'Test'),
+      },
+    ];
+    const sinkCounter = (label, key) => ({ label, class: 'num', cell: (s) => counter(`sink-${key}-${s.name}`, s[key]) });
+    const sinkColumns = [
+      { label: 'Name', cell: (s) => s.name },
+      { label: 'Kind', cell: (s) => s.kind },
+      {
+        label: 'State',
+        cell: (s) => h('span', { class: `badge ${s.state === 'up' ? 'on' : 'off'}`, 'data-testid': `sink-state-${s.name}` }, fmtValue(s.state)),
+      },
+      sinkCounter('Sent', 'sent'), sinkCounter('Retried', 'retried'), sinkCounter('Failed', 'failed'),
+      sinkCounter('Dropped', 'dropped'), sinkCounter('In flight', 'inflight'), sinkCounter('Queued', 'queued'),
+    ];
+    const poller = every(3000, async () => {
+      const [ruleList, sinkList] = await Promise.all([api('/rules'), api('/sinks')]);
+      clearError();
+      swap(rulesBox, JSON.stringify(ruleList), () => table(ruleColumns, ruleList.data, (r) => ({ 'data-testid': `rules-row-${r.name}` }),
+        'No rules are configured ([[rules]] in the configuration).'));
+      swap(sinksBox, JSON.stringify(sinkList), () => table(sinkColumns, sinkList.data, (s) => ({ 'data-testid': `sinks-row-${s.name}` }),
+        'No sinks are configured ([[sinks]] in the configuration).'));
+    });
+    return poller;
+  }
+
   // ---- routing ----------------------------------------------------------------------------
 
-  const ROUTES = { overview, clients, subscriptions, retained, listeners, nodes, bridges };
+  const ROUTES = { overview, clients, subscriptions, retained, listeners, nodes, bridges, rules };
   let current = null;
 
   function render() {

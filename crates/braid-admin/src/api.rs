@@ -46,9 +46,17 @@ pub(crate) fn routes() -> Router<Arc<Admin>> {
         .route("/nodes/{node}/drain", post(drain).delete(cancel_drain))
         .route("/cluster/rebalance", post(rebalance))
         .route("/bridges", get(bridges))
-        .route("/sinks", get(sinks))
-        .route("/rules", get(crate::rules::list))
+        .route("/sinks", get(crate::sinks::list).post(crate::sinks::create))
+        .route(
+            "/sinks/{sink}",
+            get(crate::sinks::one).put(crate::sinks::replace).delete(crate::sinks::delete),
+        )
+        .route("/rules", get(crate::rules::list).post(crate::rules::create))
         .route("/rules/test", post(crate::rules::test))
+        .route(
+            "/rules/{rule}",
+            get(crate::rules::one).put(crate::rules::replace).delete(crate::rules::delete),
+        )
         .route("/reload", post(reload))
         .route("/traces", get(traces).post(start_trace))
         .route("/traces/{name}", axum::routing::delete(stop_trace))
@@ -706,7 +714,7 @@ async fn settle(
     }
 }
 
-fn reported(admin: &Admin, collection: &str) -> Vec<Value> {
+pub(crate) fn reported(admin: &Admin, collection: &str) -> Vec<Value> {
     admin
         .broker
         .operators()
@@ -796,10 +804,6 @@ async fn rebalance(State(admin): Shared, settings: Settings) -> Response {
 
 async fn bridges(State(admin): Shared) -> Json<Value> {
     Json(json!({ "data": reported(&admin, "bridges") }))
-}
-
-async fn sinks(State(admin): Shared) -> Json<Value> {
-    Json(json!({ "data": reported(&admin, "sinks") }))
 }
 
 /// Raises SIGHUP, which reloads the configuration and the files, and replies with the

@@ -16,6 +16,7 @@ mod api;
 mod dashboard;
 mod prom;
 mod rules;
+mod sinks;
 
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+use braid_broker::rule_book::RuleBook;
 use braid_broker::transport::tls::Reloadable;
 use braid_broker::transport::Transport;
 use braid_broker::Broker;
@@ -54,6 +56,8 @@ pub struct Reloaded {
 #[derive(Debug)]
 pub(crate) struct Admin {
     pub(crate) broker: Arc<Broker>,
+    /// The rules and sinks in force, and where each is defined (`/api/v1/rules`, `/sinks`).
+    pub(crate) book: Arc<RuleBook>,
     /// The API keys, when `admin.api_keys_file` is set; read again on SIGHUP.
     pub(crate) keys: Option<RwLock<ApiKeys>>,
     pub(crate) listeners: Vec<(Transport, SocketAddr)>,
@@ -79,10 +83,11 @@ impl AdminListener {
     /// Binds `listeners.http` (None if it is `""`) and loads the API keys and, with
     /// `admin.tls`, the certificate. `mqtt` lists the MQTT listeners (for `/api/v1/listeners`);
     /// `reloads` announces the outcome of each SIGHUP's reload (`POST /api/v1/reload` raises
-    /// one and replies with it). A keys file or certificate that does not load is an
-    /// `InvalidInput` error naming it.
+    /// one and replies with it); `book` holds the rules and sinks the API lists and changes. A
+    /// keys file or certificate that does not load is an `InvalidInput` error naming it.
     pub async fn bind(
         broker: &Arc<Broker>,
+        book: Arc<RuleBook>,
         mqtt: Vec<(Transport, SocketAddr)>,
         reloads: Option<tokio::sync::watch::Receiver<Reloaded>>,
     ) -> io::Result<Option<AdminListener>> {
@@ -110,7 +115,7 @@ impl AdminListener {
             io::Error::new(e.kind(), format!("listeners.http: cannot listen on {addr}: {e}{hint}"))
         })?;
         let http = tcp.local_addr()?;
-        let admin = Arc::new(Admin { broker: broker.clone(), keys, listeners: mqtt, http, reloads });
+        let admin = Arc::new(Admin { broker: broker.clone(), book, keys, listeners: mqtt, http, reloads });
         Ok(Some(AdminListener { tcp, tls, admin }))
     }
 

@@ -1,42 +1,119 @@
-//! `/api/v1/rules`: the configured rules with their counters, and the rule tester
+//! `/api/v1/rules`: the rules in force with their counters, made, changed and deleted through
+//! the API (those of the configuration file are changed in the file), and the rule tester
 //! (`POST /api/v1/rules/test`: a rule's SQL and a sample message in, the rule's output out).
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use braid_broker::config::RuleConfig;
+use braid_broker::rule_book::{EditError, Source};
+use braid_broker::rules::RuleReport;
 use braid_proto::ByteString;
 use braid_rules::{Context, Event, Rule};
 
 use crate::api::{error, Body};
 use crate::Admin;
 
-/// `GET /rules`: every rule, in configuration order, with what it did since the start.
+/// `GET /rules`: every rule, in the order they run, with where it is defined and what it did
+/// since the start (or since its last change).
 pub(crate) async fn list(State(admin): State<Arc<Admin>>) -> Json<Value> {
-    let data: Vec<Value> = admin
-        .broker
-        .rules()
-        .reports()
-        .into_iter()
-        .map(|r| {
-            json!({
-                "name": r.config.name,
-                "sql": r.config.sql,
-                "actions": r.config.actions,
-                "matched": r.matched,
-                "passed": r.passed,
-                "failed": r.failed,
-                "last_error": r.last_error,
-            })
-        })
-        .collect();
+    let reports = admin.broker.rules().reports();
+    let data: Vec<Value> =
+        admin.book.rules().into_iter().map(|(rule, source)| described(rule, source, &reports)).collect();
     Json(json!({ "data": data }))
+}
+
+/// `GET /rules/{name}`.
+pub(crate) async fn one(State(admin): State<Arc<Admin>>, Path(name): Path<String>) -> Response {
+    let reports = admin.broker.rules().reports();
+    match admin.book.rules().into_iter().find(|(r, _)| r.name == name) {
+        Some((rule, source)) => Json(described(rule, source, &reports)).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no rule named {name:?}")),
+    }
+}
+
+/// `POST /rules`: a rule made through the API (201), kept across restarts.
+pub(crate) async fn create(State(admin): State<Arc<Admin>>, Body(rule): Body<RuleConfig>) -> Response {
+    let name = rule.name.clone();
+    edited(admin.book.put_rule(rule, true), StatusCode::CREATED, || rule_now(&admin, &name))
+}
+
+/// `PUT /rules/{name}`: changes a rule made through the API (its `name` in the body may be
+/// left out).
+pub(crate) async fn replace(
+    State(admin): State<Arc<Admin>>,
+    Path(name): Path<String>,
+    Body(mut rule): Body<RuleConfig>,
+) -> Response {
+    let result = same_name(&mut rule.name, &name).and_then(|()| admin.book.put_rule(rule, false));
+    edited(result, StatusCode::OK, || rule_now(&admin, &name))
+}
+
+/// `DELETE /rules/{name}`: deletes a rule made through the API (204).
+pub(crate) async fn delete(State(admin): State<Arc<Admin>>, Path(name): Path<String>) -> Response {
+    edited(admin.book.delete_rule(&name), StatusCode::NO_CONTENT, || Value::Null)
+}
+
+/// The rule `name` as `GET /rules/{name}` answers it.
+fn rule_now(admin: &Admin, name: &str) -> Value {
+    let reports = admin.broker.rules().reports();
+    let found = admin.book.rules().into_iter().find(|(r, _)| r.name == name);
+    found.map_or(Value::Null, |(rule, source)| described(rule, source, &reports))
+}
+
+/// `rule` from `source` with its counters among `reports` (none yet: zeros).
+fn described(rule: RuleConfig, source: Source, reports: &[RuleReport]) -> Value {
+    let report = reports.iter().find(|r| r.config.name == rule.name);
+    json!({
+        "name": rule.name,
+        "sql": rule.sql,
+        "actions": rule.actions,
+        "source": source,
+        "matched": report.map_or(0, |r| r.matched),
+        "passed": report.map_or(0, |r| r.passed),
+        "failed": report.map_or(0, |r| r.failed),
+        "last_error": report.and_then(|r| r.last_error.clone()),
+    })
+}
+
+/// A body's `name`, if any, must be the path's (an empty one becomes it).
+pub(crate) fn same_name(body: &mut String, path: &str) -> Result<(), EditError> {
+    if body.is_empty() {
+        *body = path.to_string();
+    }
+    match body == path {
+        true => Ok(()),
+        false => Err(EditError::Invalid(format!("name {body:?} in the body is not {path:?} of the path"))),
+    }
+}
+
+/// The answer to a change: `status` with `now()` (what was made), or the error's status and
+/// message (400 invalid, 404 not found, 409 a conflict, 500 not saved).
+pub(crate) fn edited(
+    result: Result<(), EditError>,
+    status: StatusCode,
+    now: impl FnOnce() -> Value,
+) -> Response {
+    match result {
+        Ok(()) if status == StatusCode::NO_CONTENT => status.into_response(),
+        Ok(()) => (status, Json(now())).into_response(),
+        Err(e) => {
+            let status = match e {
+                EditError::Invalid(_) => StatusCode::BAD_REQUEST,
+                EditError::NotFound(_) => StatusCode::NOT_FOUND,
+                EditError::Conflict(_) => StatusCode::CONFLICT,
+                EditError::Save { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(status, e.to_string())
+        }
+    }
 }
 
 /// `POST /rules/test`.

@@ -49,15 +49,13 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     mqtt::check(&config.bridges.mqtt)
 }
 
-/// Starts the configured bridges and sinks on `broker` (checked by [`check`]); they run until
-/// the broker shuts down or [`Bridges::apply`] stops them (sinks: until the broker shuts
-/// down). A bridge or sink whose other side is away keeps trying, logs and counts; it never
+/// Starts the configured bridges and the sinks in force on `broker` (checked by [`check`]);
+/// they run until the broker shuts down or [`Bridges::apply`] stops them (sinks: until the rules
+/// change them, see `braid_broker::rule_book`). A bridge or sink whose other side is away keeps trying, logs and counts; it never
 /// stops the broker. The outboxes of bridges and sinks no longer configured are ended. Each
 /// sink's outbox is open when this returns.
 pub async fn start(broker: &Arc<Broker>) -> Bridges {
-    for config in &broker.config().sinks {
-        sink::start(broker, config.clone(), broker.shutdown()).await;
-    }
+    sink::supervise(broker).await;
     let mut bridges = Bridges { broker: broker.clone(), running: Vec::new() };
     bridges.apply(&broker.config().bridges).await;
     bridges
@@ -130,10 +128,11 @@ impl Bridges {
     /// Ends the sessions of bridges' and sinks' in-process clients that no running bridge and
     /// no configured sink owns.
     async fn end_orphans(&self) {
-        let sinks = self.broker.rules().outboxes();
+        let sinks: Vec<Box<str>> =
+            self.broker.rules().outboxes().iter().map(|o| o.client_id.clone()).collect();
         for client_id in self.broker.client_ids() {
             if client_id.starts_with(SINK_PREFIX) {
-                if !sinks.iter().any(|o| *o.client_id == *client_id) {
+                if !sinks.iter().any(|o| **o == *client_id) {
                     self.end_orphan(&client_id, "sink").await;
                 }
                 continue;
@@ -174,7 +173,7 @@ const SINK_PREFIX: &str = "$internal/sink/";
 
 /// Ends the persistent session of in-process client `client_id`: a clean start, then a
 /// DISCONNECT with Session Expiry 0.
-async fn end_session(broker: &Arc<Broker>, client_id: &str) -> Result<(), braid_client::Error> {
+pub(crate) async fn end_session(broker: &Arc<Broker>, client_id: &str) -> Result<(), braid_client::Error> {
     let (name, opener) = (client_id.to_string(), broker.clone());
     let limits = outbox_limits(1, 1, OverflowPolicy::DropNewest);
     let mut opts = ClientOptions::new("in-process", 0);

@@ -197,8 +197,8 @@ pub(crate) const SINKS: Family = Family {
             help: "Rule outputs that did not go into the sink's outbox (full).",
             kind: Kind::Counter,
             read: |w, broker| {
-                let outboxes = broker.rules().outboxes();
-                Some(outboxes.iter().find(|o| *o.sink == *w.name).map_or(0, |o| o.dropped()))
+                let rules = broker.rules();
+                Some(rules.outboxes().iter().find(|o| *o.sink == *w.name).map_or(0, |o| o.dropped()))
             },
         },
         Counter {

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod report;
 pub mod retained;
 pub mod router;
+pub mod rule_book;
 pub mod rules;
 pub mod server;
 pub mod session;

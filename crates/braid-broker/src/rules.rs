@@ -7,6 +7,7 @@
 use std::cell::OnceCell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -20,15 +21,22 @@ use crate::config::{RuleConfig, SinkConfig};
 use crate::message::Message;
 use crate::session::IN_PROCESS;
 
-/// A broker's rules, compiled at its start, and the outboxes of the sinks they name.
-#[derive(Debug, Default)]
+/// A broker's rules, compiled, and the outboxes of the sinks they name.
+#[derive(Debug)]
 pub struct Rules {
     rules: Vec<Compiled>,
     outboxes: Vec<SinkOutbox>,
-    /// The first part of the `id` of each message the rules run on: this broker's start, in
-    /// ms since the Unix epoch; the second counts the messages (see [`Rules::apply`]).
+    /// The cluster node, in the outboxes' client ids.
+    node: Option<Box<str>>,
+    ids: Arc<MessageIds>,
+}
+
+/// The `id` of each message the rules run on: this broker's start, in ms since the Unix
+/// epoch, and a count of the messages (see [`Rules::apply`]); kept across recompilations.
+#[derive(Debug)]
+struct MessageIds {
     epoch: u64,
-    next_id: AtomicU64,
+    next: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -38,7 +46,8 @@ struct Compiled {
     republish: Vec<Template>,
     /// Its sinks, as indexes into `Rules::outboxes`.
     sinks: Vec<usize>,
-    counts: RuleCounts,
+    /// Kept by a recompilation that leaves the rule as it is.
+    counts: Arc<RuleCounts>,
 }
 
 /// The outbox of a sink: the persistent session of an in-process client that the sink's
@@ -49,14 +58,15 @@ pub struct SinkOutbox {
     pub sink: Box<str>,
     /// The outbox's client id: `$internal/sink/<name>`, with `@<node>` in a cluster.
     pub client_id: Box<str>,
-    /// Outputs that did not go into it (no room, or no outbox yet).
-    dropped: AtomicU64,
+    /// Outputs that did not go into it (no room, or no outbox yet); kept by a recompilation
+    /// that keeps the sink.
+    dropped: Arc<AtomicU64>,
 }
 
 impl SinkOutbox {
     /// The outbox client id of sink `name`; `node` names the cluster node (each node sends
     /// what is published on it, through an outbox of its own).
-    pub fn client_id(name: &str, node: Option<&str>) -> String {
+    fn client_id(name: &str, node: Option<&str>) -> String {
         match node {
             Some(node) => format!("{IN_PROCESS}sink/{name}@{node}"),
             None => format!("{IN_PROCESS}sink/{name}"),
@@ -107,12 +117,30 @@ impl Rules {
     /// that does not compile is left out, with a warning), of a broker that started at `epoch`
     /// (ms since the Unix epoch); `node` names the cluster node.
     pub fn compile(configs: &[RuleConfig], sinks: &[SinkConfig], node: Option<&str>, epoch: u64) -> Rules {
+        let ids = Arc::new(MessageIds { epoch, next: AtomicU64::new(0) });
+        Rules::build(configs, sinks, node.map(Box::from), ids, None)
+    }
+
+    /// `configs` sending to `sinks` in place of these rules: a rule with the same name and
+    /// configuration keeps its counters, a sink with the same name its `dropped`.
+    pub fn recompile(&self, configs: &[RuleConfig], sinks: &[SinkConfig]) -> Rules {
+        Rules::build(configs, sinks, self.node.clone(), self.ids.clone(), Some(self))
+    }
+
+    fn build(
+        configs: &[RuleConfig],
+        sinks: &[SinkConfig],
+        node: Option<Box<str>>,
+        ids: Arc<MessageIds>,
+        previous: Option<&Rules>,
+    ) -> Rules {
+        let before = |name: &str| previous.and_then(|p| p.outboxes.iter().find(|o| *o.sink == *name));
         let outboxes = sinks
             .iter()
             .map(|s| SinkOutbox {
                 sink: s.name.as_str().into(),
-                client_id: SinkOutbox::client_id(&s.name, node).into(),
-                dropped: AtomicU64::new(0),
+                client_id: SinkOutbox::client_id(&s.name, node.as_deref()).into(),
+                dropped: before(&s.name).map_or_else(Default::default, |o| o.dropped.clone()),
             })
             .collect::<Vec<_>>();
         let mut rules = Vec::with_capacity(configs.len());
@@ -131,15 +159,21 @@ impl Rules {
                     Action::Sink(name) => to_sinks.extend(outboxes.iter().position(|o| *o.sink == *name)),
                 }
             }
+            let same = previous.and_then(|p| p.rules.iter().find(|r| r.config == *config));
             rules.push(Compiled {
                 rule,
                 config: config.clone(),
                 republish,
                 sinks: to_sinks,
-                counts: RuleCounts::default(),
+                counts: same.map_or_else(Default::default, |r| r.counts.clone()),
             });
         }
-        Rules { rules, outboxes, epoch, next_id: AtomicU64::new(0) }
+        Rules { rules, outboxes, node, ids }
+    }
+
+    /// The client id of sink `name`'s outbox on this broker.
+    pub fn outbox_client_id(&self, name: &str) -> String {
+        SinkOutbox::client_id(name, self.node.as_deref())
     }
 
     /// The outboxes of the sinks, in configuration order.
@@ -194,7 +228,7 @@ impl Rules {
     /// a unique key to write each message once.
     pub fn apply(&self, msg: &Message, publisher: Publisher<'_>, timestamp: i64, actions: &mut impl Actions) {
         let peerhost = publisher.peer.map(|p| p.ip().to_string());
-        let id = format!("{:x}{:08x}", self.epoch, self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = format!("{:x}{:08x}", self.ids.epoch, self.ids.next.fetch_add(1, Ordering::Relaxed));
         let ctx = Context {
             event: Event::MessagePublish,
             id: Some(&id),

@@ -26,6 +26,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
+use braid_broker::rule_book::RuleBook;
 use braid_broker::{Config, Server};
 
 mod bench;
@@ -190,10 +191,25 @@ fn serve(args: ServeArgs) -> ExitCode {
             },
             None => None,
         };
+        // The rules and sinks the API made before are in force before the sinks start.
+        let book = match RuleBook::open(server.broker().clone()) {
+            Ok(book) => book,
+            Err(e) => {
+                eprintln!("braid: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
+        };
         let bridges = braid_bridge::start(server.broker()).await;
-        let reloader = reload::Reloader::new(file, overrides, server.broker().clone(), log_handle, bridges);
+        let reloader = reload::Reloader::new(
+            file,
+            overrides,
+            server.broker().clone(),
+            book.clone(),
+            log_handle,
+            bridges,
+        );
         let admin =
-            braid_admin::AdminListener::bind(server.broker(), server.bound(), Some(reloader.reports()));
+            braid_admin::AdminListener::bind(server.broker(), book, server.bound(), Some(reloader.reports()));
         let admin = match admin.await {
             Ok(admin) => admin,
             Err(e) => return refused_start(e),

@@ -2,8 +2,9 @@
 //! environment and the flags are read again. A configuration that does not load is refused
 //! whole and the running one stays. Otherwise what can change live is put in force —
 //! `[limits]` and `[session]` (for connections from now on; the connection limits and the
-//! memory watermark at once), `log.level`, and the bridges (each added, removed or changed
-//! one started, stopped or restarted; the others go on undisturbed) — and every other changed
+//! memory watermark at once), `log.level`, the bridges (each added, removed or changed
+//! one started, stopped or restarted; the others go on undisturbed), and the rules and sinks
+//! (the file's, beside those the API made: `braid_broker::rule_book`) — and every other changed
 //! key is named as needing a restart. On the same signal the password and ACL files, the API keys and the TLS
 //! certificates are read again by their owners.
 
@@ -17,16 +18,19 @@ use tracing::{info, warn};
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
 use braid_admin::Reloaded;
+use braid_broker::rule_book::{RuleBook, RuleSet};
 use braid_broker::{Broker, Config};
 
 /// The keys (or sections, ending in `.`) a reload changes without a restart.
-const LIVE: [&str; 4] = ["limits.", "session.", "log.level", "bridges."];
+const LIVE: [&str; 6] = ["limits.", "session.", "log.level", "bridges.", "rules", "sinks"];
 
 /// Reads the configuration again and applies what it can.
 pub(crate) struct Reloader {
     file: Option<PathBuf>,
     overrides: Vec<String>,
     broker: Arc<Broker>,
+    /// The rules and sinks in force: a reload puts the file's in force.
+    book: Arc<RuleBook>,
     /// The log filter, unless `BRAID_LOG` sets it.
     log: Option<reload::Handle<EnvFilter, Registry>>,
     /// The configuration in force: the start's with the live keys of the last reload.
@@ -44,6 +48,7 @@ impl Reloader {
         file: Option<PathBuf>,
         overrides: Vec<String>,
         broker: Arc<Broker>,
+        book: Arc<RuleBook>,
         log: Option<reload::Handle<EnvFilter, Registry>>,
         bridges: braid_bridge::Bridges,
     ) -> Reloader {
@@ -52,7 +57,7 @@ impl Reloader {
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .inspect_err(|e| warn!("cannot watch SIGHUP: the configuration will not reload: {e}"))
             .ok();
-        Reloader { file, overrides, broker, log, running, bridges, reports, hangup }
+        Reloader { file, overrides, broker, book, log, running, bridges, reports, hangup }
     }
 
     /// Where the outcome of each reload is announced (for the admin API).
@@ -105,6 +110,10 @@ impl Reloader {
                 (_, Err(e)) => return Err(format!("log.level: {e}")),
             }
         }
+        if live.iter().any(|k| *k == "rules" || *k == "sinks") {
+            let file = RuleSet { rules: new.rules.clone(), sinks: new.sinks.clone() };
+            self.book.set_file(file).map_err(|e| e.to_string())?;
+        }
         self.broker.apply_live(&new);
         let bridges = match live.iter().any(|k| k.starts_with("bridges.")) {
             true => self.bridges.apply(&new.bridges).await,
@@ -114,6 +123,8 @@ impl Reloader {
         self.running.session = new.session.clone();
         self.running.log.level = new.log.level.clone();
         self.running.bridges = new.bridges.clone();
+        self.running.rules = new.rules.clone();
+        self.running.sinks = new.sinks.clone();
         for key in &restart {
             warn!(key = %key, "changed in the configuration: takes effect at the next start");
         }

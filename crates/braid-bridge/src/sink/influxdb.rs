@@ -1,7 +1,8 @@
 //! The `influxdb` sink: a batch's outputs as one line-protocol body (one point each, the
 //! `line` template filled from it), to InfluxDB 1.x's `/write?db=` or 2.x's `/api/v2/write`.
 //! 2xx is success for the whole batch; 4xx a refusal (a malformed point: counted, not written
-//! again); anything else is written again.
+//! again; InfluxDB keeps the batch's other points, and each is written again alone to tell
+//! which it refused); anything else is written again.
 
 use braid_broker::config::SinkConfig;
 use braid_rules::Template;
@@ -42,12 +43,28 @@ impl Influxdb {
     }
 
     pub(super) async fn write(&mut self, batch: &[&Output]) -> Vec<Written> {
-        let body: Vec<String> = batch.iter().map(|o| self.line.render(o)).collect();
-        let mut request = self.client.post(self.endpoint.clone()).body(body.join("\n"));
+        let lines: Vec<String> = batch.iter().map(|o| self.line.render(o)).collect();
+        match self.post(lines.join("\n")).await {
+            // InfluxDB keeps the points it could parse ("partial write"): each line again on
+            // its own tells which it refused (a point written twice overwrites itself).
+            Written::Refused(_) if lines.len() > 1 => {
+                let mut written = Vec::with_capacity(lines.len());
+                for line in lines {
+                    written.push(self.post(line).await);
+                }
+                written
+            }
+            w => batch.iter().map(|_| w.clone()).collect(),
+        }
+    }
+
+    /// Posts `body` (points in line protocol): what became of them.
+    async fn post(&self, body: String) -> Written {
+        let mut request = self.client.post(self.endpoint.clone()).body(body);
         if let Some(token) = &self.token {
             request = request.header(AUTHORIZATION, token);
         }
-        let written = match request.send().await {
+        match request.send().await {
             Ok(r) => {
                 let status = r.status();
                 match Written::from_status(status) {
@@ -59,7 +76,6 @@ impl Influxdb {
                 }
             }
             Err(e) => Written::Failed(super::http::without_url(e)),
-        };
-        batch.iter().map(|_| written.clone()).collect()
+        }
     }
 }

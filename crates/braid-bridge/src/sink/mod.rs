@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid_broker::config::{SinkConfig, SinkKind};
-use braid_broker::rules::SinkOutbox;
 use braid_broker::Broker;
 use braid_client::{Backoff, Client, Event, Received};
 use futures_util::FutureExt;
@@ -109,12 +108,70 @@ impl Target {
     }
 }
 
+/// Runs the sinks in force ([`Broker::sinks`]) and follows their changes until the broker
+/// shuts down: a new sink starts, a removed one stops and its outbox is ended with what it
+/// held, a changed one starts again on the same outbox (its counters from zero). Each sink's
+/// outbox is open when this returns.
+pub(crate) async fn supervise(broker: &Arc<Broker>) {
+    let mut changes = broker.sinks();
+    let mut running = Running::default();
+    let sinks = changes.borrow_and_update().clone();
+    running.apply(broker, &sinks).await;
+    let broker = broker.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = broker.shutdown().cancelled() => return,
+            }
+            let sinks = changes.borrow_and_update().clone();
+            running.apply(&broker, &sinks).await;
+        }
+    });
+}
+
+/// The sinks running, each with what stops it.
+#[derive(Default)]
+struct Running(Vec<(SinkConfig, CancellationToken)>);
+
+impl Running {
+    /// Makes the running sinks `sinks`.
+    async fn apply(&mut self, broker: &Arc<Broker>, sinks: &[SinkConfig]) {
+        let mut removed = Vec::new();
+        self.0.retain(|(config, stop)| {
+            let keep = sinks.contains(config);
+            if !keep {
+                stop.cancel();
+                if !sinks.iter().any(|s| s.name == config.name) {
+                    removed.push(config.name.clone());
+                }
+            }
+            keep
+        });
+        for name in removed {
+            let client_id = broker.rules().outbox_client_id(&name);
+            let held = broker.held_for(&client_id).unwrap_or(0);
+            match crate::end_session(broker, &client_id).await {
+                Ok(()) => info!(sink = %name, held, "sink removed: its outbox is ended, with what it held"),
+                Err(e) => warn!(sink = %name, "sink removed, but its outbox could not be ended: {e}"),
+            }
+        }
+        for config in sinks {
+            if self.0.iter().any(|(c, _)| c == config) {
+                continue;
+            }
+            let stop = broker.shutdown().child_token();
+            start(broker, config.clone(), &stop).await;
+            self.0.push((config.clone(), stop));
+        }
+    }
+}
+
 /// One running sink: its worker and its counters, until `stop`.
-pub(crate) async fn start(broker: &Arc<Broker>, config: SinkConfig, stop: &CancellationToken) {
+async fn start(broker: &Arc<Broker>, config: SinkConfig, stop: &CancellationToken) {
     let config = Arc::new(config);
     let stats = Arc::new(Stats::default());
-    let node = broker.config().cluster.enabled.then_some(broker.config().cluster.node.as_str());
-    let client_id = SinkOutbox::client_id(&config.name, node);
+    let client_id = broker.rules().outbox_client_id(&config.name);
     let kind = config.kind.as_str();
     let watch = Watch {
         family: &SINKS,
@@ -137,24 +194,13 @@ pub(crate) async fn start(broker: &Arc<Broker>, config: SinkConfig, stop: &Cance
         Ok((client, _)) => client,
         Err(e) => return warn!(sink = %config.name, "sink: cannot open its outbox: {e}"),
     };
-    info!(sink = %config.name, %kind, url = %redacted(&config.url), "sink started");
+    info!(sink = %config.name, %kind, url = %config.redacted().url, "sink started");
     let broker = broker.clone();
     let stop = stop.clone();
     tokio::spawn(async move {
         let worker = Worker { config, stats, target, stop };
         worker.run(&broker, client, &client_id, limits).await;
     });
-}
-
-/// `url` without its password, for the log.
-fn redacted(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_string(),
-    }
 }
 
 /// A sink's worker: takes outputs from the outbox and writes them to the target.

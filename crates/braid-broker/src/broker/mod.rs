@@ -30,8 +30,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use braid_proto::topic::{parse_shared, valid_topic_filter};
@@ -39,7 +40,7 @@ use braid_proto::ConnAck;
 
 use crate::auth::Security;
 use crate::balance::Balancer;
-use crate::config::Config;
+use crate::config::{Config, SinkConfig};
 use crate::control::{ConnControl, LivenessTable};
 use crate::directory::Directory;
 use crate::limits::MemoryAlarm;
@@ -104,8 +105,11 @@ pub struct Broker {
     reports: RwLock<Vec<Arc<dyn Report>>>,
     /// Packet traces started by operators.
     tracer: Tracer,
-    /// `[[rules]]`, compiled.
-    rules: Rules,
+    /// The rules in force, compiled (the configuration's, and those made through the API:
+    /// see `crate::rule_book`), swapped whole when they change.
+    rules: ArcSwap<Rules>,
+    /// The sinks in force, for the workers that write to them.
+    sinks: watch::Sender<Arc<[SinkConfig]>>,
 }
 
 impl Broker {
@@ -314,6 +318,7 @@ impl Broker {
         let live = RwLock::new(Arc::new(Live::of(&config)));
         let node = config.cluster.enabled.then_some(config.cluster.node.as_str());
         let compiled_rules = Rules::compile(&config.rules, &config.sinks, node, clock.unix_ms(started));
+        let (sinks, _) = watch::channel(Arc::from(config.sinks.as_slice()));
         let broker = Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),
@@ -336,7 +341,8 @@ impl Broker {
             balancer: OnceLock::new(),
             reports: RwLock::new(Vec::new()),
             tracer: Tracer::default(),
-            rules: compiled_rules,
+            rules: ArcSwap::from_pointee(compiled_rules),
+            sinks,
         });
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker

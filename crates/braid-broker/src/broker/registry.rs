@@ -134,7 +134,8 @@ impl Broker {
         let mut link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
         let transport = origin.transport;
         (origin.keep_alive, origin.connected_at) = (keep_alive, self.unix_secs(now));
-        let connected = self.rules.wants(Event::ClientConnected).then(|| Who::new(&origin, c.protocol));
+        let connected =
+            self.rules.load().wants(Event::ClientConnected).then(|| Who::new(&origin, c.protocol));
         link.origin = origin;
         let (generation, restore) = {
             let mut st = session.lock();

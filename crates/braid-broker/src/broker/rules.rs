@@ -7,7 +7,11 @@
 //! gets it), kept in the store as any persistent session's queue.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
+
+use arc_swap::Guard;
+use tokio::sync::watch;
 
 use braid_proto::{ByteString, Bytes, Connect, ProtocolVersion, Publish, QoS, ReasonCode};
 use braid_rules::{Context, Event};
@@ -15,14 +19,28 @@ use serde_json::Value;
 
 use super::Ending;
 use super::{Broker, Published};
+use crate::config::{RuleConfig, SinkConfig};
 use crate::message::{Delivery, Message};
 use crate::rules::{Actions, Publisher, Rules, SinkOutbox};
 use crate::session::{Enqueued, Origin, Session, SessionState};
 
 impl Broker {
-    /// The rules, with their counters.
-    pub fn rules(&self) -> &Rules {
-        &self.rules
+    /// The rules in force, with their counters.
+    pub fn rules(&self) -> Guard<Arc<Rules>> {
+        self.rules.load()
+    }
+
+    /// The sinks in force, and their changes.
+    pub fn sinks(&self) -> watch::Receiver<Arc<[SinkConfig]>> {
+        self.sinks.subscribe()
+    }
+
+    /// Puts `rules` sending to `sinks` in force (checked together by the caller, as
+    /// `config::check_rules` does): a rule or sink whose configuration is the same keeps its
+    /// counters; the sinks' workers follow ([`Broker::sinks`]).
+    pub fn install_rules(&self, rules: &[RuleConfig], sinks: &[SinkConfig]) {
+        self.rules.store(Arc::new(self.rules.load().recompile(rules, sinks)));
+        self.sinks.send_replace(Arc::from(sinks));
     }
 
     /// Runs the rules on `msg`, which a client published at `now`; returns what the client's
@@ -30,7 +48,7 @@ impl Broker {
     /// outboxes, stored) and the connections to wake.
     pub(crate) fn apply_rules(&self, msg: &Message, publisher: Publisher<'_>, now: Instant) -> Published {
         let mut effects = Effects::new(self, msg.origin_client.clone(), now);
-        self.rules.apply(msg, publisher, self.clock.unix_ms(now) as i64, &mut effects);
+        self.rules.load().apply(msg, publisher, self.clock.unix_ms(now) as i64, &mut effects);
         effects.out
     }
 }
@@ -177,7 +195,7 @@ impl Broker {
             ..Context::default()
         };
         let mut effects = Effects::new(self, ByteString::from(client_id), now);
-        self.rules.on_event(&ctx, &mut effects);
+        self.rules.load().on_event(&ctx, &mut effects);
     }
 }
 

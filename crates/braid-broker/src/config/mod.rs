@@ -147,10 +147,17 @@ impl Config {
         self.tls.validate()?;
         self.store.validate()?;
         admin::validate(self)?;
-        sinks::validate(&self.sinks)?;
-        rules::validate(&self.rules, &self.sinks)?;
+        check_rules(&self.rules, &self.sinks)?;
         self.cluster.validate()
     }
+}
+
+/// Checks `rules` sending to `sinks`, as the configuration's `[[rules]]` and `[[sinks]]` are
+/// checked: every sink is sound and every rule compiles, names only sinks among `sinks`, and no
+/// two rules or sinks share a name. The error names the key (`rules[2].sql`) and the problem.
+pub fn check_rules(rules: &[RuleConfig], sinks: &[SinkConfig]) -> Result<(), ConfigError> {
+    sinks::validate(sinks)?;
+    rules::validate(rules, sinks)
 }
 
 /// The configuration's sections, as `Config`'s fields are named (for `BRAID_<SECTION>_<KEY>`).

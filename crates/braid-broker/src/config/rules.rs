@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{ConfigError, SinkConfig};
 
 /// One rule.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuleConfig {
     /// Its name, unique among the rules (in the API and the metrics).

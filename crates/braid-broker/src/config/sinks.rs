@@ -117,6 +117,21 @@ impl Default for SinkConfig {
 }
 
 impl SinkConfig {
+    /// This sink with its secrets (a password in `url`, `token`) written as `***`: for logs
+    /// and the API.
+    pub fn redacted(&self) -> SinkConfig {
+        let mut sink = self.clone();
+        if let Ok(mut url) = url::Url::parse(&sink.url) {
+            if url.password().is_some() && url.set_password(Some("***")).is_ok() {
+                sink.url = url.to_string();
+            }
+        }
+        if !sink.token.is_empty() {
+            sink.token = "***".into();
+        }
+        sink
+    }
+
     /// Checks sink number `at` (from 0): the error names the key and the problem.
     pub fn check(&self, at: usize) -> Result<(), ConfigError> {
         let key = |k: &str| format!("sinks[{at}].{k}");

@@ -142,6 +142,79 @@ enum CtlCommand {
     Listeners,
     /// The Prometheus metrics, as scraped.
     Metrics,
+    /// The rules, with their counters; made, changed and deleted (those made here are kept
+    /// across restarts; those of the configuration file are changed in the file).
+    Rules {
+        #[command(subcommand)]
+        command: Option<RulesCommand>,
+    },
+    /// The sinks of the rules, with their state and counters; made, changed and deleted.
+    Sinks {
+        #[command(subcommand)]
+        command: Option<SinksCommand>,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum RulesCommand {
+    /// Make a rule: `braid ctl rules add hot 'SELECT ... FROM "s/#"' -a republish:alerts`.
+    Add {
+        /// Its name.
+        name: String,
+        /// `SELECT ... FROM ... [WHERE ...]`.
+        sql: String,
+        /// An action: `republish:TOPIC` or a sink's name (repeatable).
+        #[arg(short, long = "action", required = true)]
+        actions: Vec<String>,
+    },
+    /// Change a rule (its SQL and actions).
+    Set {
+        /// Its name.
+        name: String,
+        /// `SELECT ... FROM ... [WHERE ...]`.
+        sql: String,
+        /// An action: `republish:TOPIC` or a sink's name (repeatable).
+        #[arg(short, long = "action", required = true)]
+        actions: Vec<String>,
+    },
+    /// Delete a rule.
+    Delete {
+        /// Its name.
+        name: String,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum SinksCommand {
+    /// Make a sink from its settings as JSON (the keys of `[[sinks]]`):
+    /// `braid ctl sinks add '{"name": "hook", "type": "http", "url": "http://127.0.0.1:8080/in"}'`.
+    Add {
+        /// The sink's settings, a JSON object.
+        #[arg(value_parser = json_object)]
+        settings: Value,
+    },
+    /// Change a sink (its settings as JSON, whole).
+    Set {
+        /// Its name.
+        name: String,
+        /// The sink's settings, a JSON object.
+        #[arg(value_parser = json_object)]
+        settings: Value,
+    },
+    /// Delete a sink that no rule names.
+    Delete {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// A command-line argument that must be a JSON object.
+fn json_object(text: &str) -> Result<Value, String> {
+    match serde_json::from_str(text) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err("expected a JSON object, {...}".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 /// Runs `braid ctl`: exit status 0, 1 on an error reply or a failed request.
@@ -223,6 +296,26 @@ fn request_of(command: &CtlCommand) -> (&'static str, String, Option<Value>) {
         CtlCommand::Reload => ("POST", "/api/v1/reload".into(), None),
         CtlCommand::Listeners => ("GET", "/api/v1/listeners".into(), None),
         CtlCommand::Metrics => ("GET", "/metrics".into(), None),
+        CtlCommand::Rules { command: None } => ("GET", "/api/v1/rules".into(), None),
+        CtlCommand::Rules { command: Some(RulesCommand::Add { name, sql, actions }) } => {
+            ("POST", "/api/v1/rules".into(), Some(json!({"name": name, "sql": sql, "actions": actions})))
+        }
+        CtlCommand::Rules { command: Some(RulesCommand::Set { name, sql, actions }) } => {
+            ("PUT", format!("/api/v1/rules/{}", q(name)), Some(json!({"sql": sql, "actions": actions})))
+        }
+        CtlCommand::Rules { command: Some(RulesCommand::Delete { name }) } => {
+            ("DELETE", format!("/api/v1/rules/{}", q(name)), None)
+        }
+        CtlCommand::Sinks { command: None } => ("GET", "/api/v1/sinks".into(), None),
+        CtlCommand::Sinks { command: Some(SinksCommand::Add { settings }) } => {
+            ("POST", "/api/v1/sinks".into(), Some(settings.clone()))
+        }
+        CtlCommand::Sinks { command: Some(SinksCommand::Set { name, settings }) } => {
+            ("PUT", format!("/api/v1/sinks/{}", q(name)), Some(settings.clone()))
+        }
+        CtlCommand::Sinks { command: Some(SinksCommand::Delete { name }) } => {
+            ("DELETE", format!("/api/v1/sinks/{}", q(name)), None)
+        }
     }
 }
 
@@ -272,6 +365,18 @@ fn render(command: &CtlCommand, v: &Value) -> String {
         CtlCommand::Retained { delete: None, .. } => &["topic", "qos", "payload_bytes", "payload"],
         CtlCommand::Listeners => &["transport", "address", "connected", "accepted"],
         CtlCommand::Nodes => &["name", "state", "connections", "draining", "link", "this_node"],
+        CtlCommand::Rules { command: None } => {
+            &["name", "source", "matched", "passed", "failed", "last_error"]
+        }
+        CtlCommand::Sinks { command: None } => {
+            &["name", "kind", "source", "state", "sent", "retried", "failed", "dropped", "queued"]
+        }
+        CtlCommand::Rules { command: Some(RulesCommand::Delete { name }) } => {
+            return format!("deleted rule {name}\n")
+        }
+        CtlCommand::Sinks { command: Some(SinksCommand::Delete { name }) } => {
+            return format!("deleted sink {name}\n")
+        }
         CtlCommand::Kick { id } => return format!("kicked {id}\n"),
         CtlCommand::Retained { delete: Some(t), .. } => {
             return format!("cleared the retained message of {t}\n")
