@@ -290,3 +290,23 @@ def test_two_sinks_of_one_name_and_a_rule_naming_no_sink_are_refused(tmp_path):
                             "--set", f"sinks={toml_value(sinks)}", "--set", f"rules={toml_value([rule])}"],
                            capture_output=True, text=True, timeout=20)
         assert r.returncode != 0 and key in r.stderr and words in r.stderr, r.stderr
+
+
+def test_in_a_cluster_each_message_reaches_the_sink_once_from_the_node_it_was_published_on(
+        braid_cluster, connect, target):
+    rule = {"name": "hot", "actions": ["hook"],
+            "sql": 'SELECT id, clientid, payload.temp AS temp FROM "sensors/+/temp" WHERE payload.temp > 30'}
+    sink = {"name": "hook", "type": "http", "url": f"http://127.0.0.1:{target.port}/in"}
+    nodes = braid_cluster(3, settings={"rules": [rule], "sinks": [sink]})
+    # A subscriber on every node: the messages cross nodes, the sink gets each once.
+    for node in nodes:
+        connect(node, client_id=f"watch-{node.node}").subscribe("sensors/#", qos=1)
+    for i, node in enumerate(nodes):
+        publisher = connect(node, client_id=f"dev{i}")
+        for n in range(20):
+            assert publisher.publish(f"sensors/dev{i}/temp", json.dumps({"temp": 100 * (i + 1) + n}), qos=1) == 0
+    taken = target.wait_taken(60)
+    time.sleep(1)  # nothing more comes
+    temps = sorted(json.loads(b)["temp"] for b in target.taken)
+    assert temps == sorted(100 * (i + 1) + n for i in range(3) for n in range(20)), temps
+    assert len({json.loads(b)["id"] for b in taken}) == 60, "ids are unique across the nodes"

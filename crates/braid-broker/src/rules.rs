@@ -31,11 +31,12 @@ pub struct Rules {
     ids: Arc<MessageIds>,
 }
 
-/// The `id` of each message the rules run on: this broker's start, in ms since the Unix
-/// epoch, and a count of the messages (see [`Rules::apply`]); kept across recompilations.
+/// The `id` of each message the rules run on: in a cluster the node's name and `-`, this
+/// broker's start in ms since the Unix epoch, and a count of the messages, in hex (see
+/// [`Rules::apply`]); kept across recompilations.
 #[derive(Debug)]
 struct MessageIds {
-    epoch: u64,
+    prefix: String,
     next: AtomicU64,
 }
 
@@ -117,7 +118,11 @@ impl Rules {
     /// that does not compile is left out, with a warning), of a broker that started at `epoch`
     /// (ms since the Unix epoch); `node` names the cluster node.
     pub fn compile(configs: &[RuleConfig], sinks: &[SinkConfig], node: Option<&str>, epoch: u64) -> Rules {
-        let ids = Arc::new(MessageIds { epoch, next: AtomicU64::new(0) });
+        let prefix = match node {
+            Some(node) => format!("{node}-{epoch:x}"),
+            None => format!("{epoch:x}"),
+        };
+        let ids = Arc::new(MessageIds { prefix, next: AtomicU64::new(0) });
         Rules::build(configs, sinks, node.map(Box::from), ids, None)
     }
 
@@ -224,11 +229,11 @@ pub struct Publisher<'a> {
 impl Rules {
     /// Runs the rules on `msg`, published by `publisher` at `timestamp` (ms since the Unix
     /// epoch), and hands what their actions make to `actions`. The message's `id` is unique
-    /// to this node across its restarts (its start and a count, in hex): a sink can keep it in
-    /// a unique key to write each message once.
+    /// across restarts and, in a cluster, across nodes (`[<node>-]<start><count>`): a sink can
+    /// keep it in a unique key to write each message once.
     pub fn apply(&self, msg: &Message, publisher: Publisher<'_>, timestamp: i64, actions: &mut impl Actions) {
         let peerhost = publisher.peer.map(|p| p.ip().to_string());
-        let id = format!("{:x}{:08x}", self.ids.epoch, self.ids.next.fetch_add(1, Ordering::Relaxed));
+        let id = format!("{}{:08x}", self.ids.prefix, self.ids.next.fetch_add(1, Ordering::Relaxed));
         let ctx = Context {
             event: Event::MessagePublish,
             id: Some(&id),
