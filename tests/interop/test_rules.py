@@ -104,3 +104,26 @@ def test_client_events_are_rule_sources(make_broker, connect):
          {"event": "client.disconnected", "clientid": "dev9", "username": "alice", "proto_ver": 5,
           "reason": "normal"}),
     ], got
+
+
+def test_message_events_are_rule_sources(make_broker, connect):
+    rules = [{"name": "trail", "actions": ["republish:trail/${event}/${clientid}"],
+              "sql": 'SELECT event, clientid, from_clientid, topic, qos, payload, reason FROM '
+                     '"$events/message_delivered", "$events/message_acked", "$events/message_dropped"'}]
+    broker, _ = admin_broker(make_broker, rules=rules)
+    watcher = connect(broker, client_id="watcher")
+    watcher.subscribe("trail/#", qos=0)
+    subscriber = connect(broker, client_id="reader")
+    subscriber.subscribe("orders/#", qos=1)
+    subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-i", "shop", "-q", "1",
+                    "-t", "orders/1", "-m", "two apples"], check=True, timeout=10)
+    assert subscriber.wait_messages(1)[0].payload == b"two apples"
+    subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-i", "shop", "-q", "1",
+                    "-t", "nobody/here", "-m", "lost"], check=True, timeout=10)
+    got = {m.topic: json.loads(m.payload) for m in watcher.wait_messages(3)}
+    assert got["trail/message.delivered/reader"] == {
+        "event": "message.delivered", "clientid": "reader", "from_clientid": "shop", "topic": "orders/1",
+        "qos": 1, "payload": "two apples", "reason": None}, got
+    assert got["trail/message.acked/reader"]["from_clientid"] == "shop", got
+    assert got["trail/message.dropped/shop"]["reason"] == "no_subscribers", got
+    watcher.expect_no_message(0.5)

@@ -25,6 +25,9 @@ use crate::session::IN_PROCESS;
 #[derive(Debug)]
 pub struct Rules {
     rules: Vec<Compiled>,
+    /// A bit per [`Event`] (`1 << event as u8`) some rule takes: [`Rules::wants`] in one test,
+    /// on the publish and acknowledgement paths.
+    events: u16,
     outboxes: Vec<SinkOutbox>,
     /// The cluster node, in the outboxes' client ids.
     node: Option<Box<str>>,
@@ -173,7 +176,11 @@ impl Rules {
                 counts: same.map_or_else(Default::default, |r| r.counts.clone()),
             });
         }
-        Rules { rules, outboxes, node, ids }
+        let all = Event::CLIENT_EVENTS.into_iter().chain([Event::MessagePublish]);
+        let events = all
+            .filter(|e| rules.iter().any(|r| r.rule.matches_event(*e)))
+            .fold(0, |bits, e| bits | 1 << e as u8);
+        Rules { rules, events, outboxes, node, ids }
     }
 
     /// The client id of sink `name`'s outbox on this broker.
@@ -254,7 +261,7 @@ impl Rules {
     /// True when a rule takes `event` as a source: the caller makes the event's context only
     /// then.
     pub fn wants(&self, event: Event) -> bool {
-        self.rules.iter().any(|r| r.rule.matches_event(event))
+        self.events & 1 << event as u8 != 0
     }
 
     /// Runs the rules on a client event (`ctx.event`, not a publish); what they republish goes

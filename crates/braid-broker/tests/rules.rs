@@ -149,6 +149,72 @@ fn client_events_reach_rules_with_emqx_fields() {
     );
 }
 
+#[test]
+fn a_taken_over_connection_is_disconnected_with_reason_takenover() {
+    let b = broker_with(
+        r#"SELECT clientid, reason FROM "$events/client_disconnected""#,
+        "republish:events/${clientid}",
+    );
+    let mut h = Harness::new(&b);
+    let (w, _) = h.connect(connect_packet("watcher", true));
+    h.send(w, Packet::Subscribe(subscribe("events/#", QoS::AtMostOnce)));
+    h.received(w);
+    h.connect(connect_packet("dev", false));
+    h.connect(connect_packet("dev", false));
+    let got = events(&mut h, w);
+    assert_eq!(got, [serde_json::json!({"clientid": "dev", "reason": "takenover"})]);
+}
+
+#[test]
+fn message_events_follow_a_message_to_its_subscribers_their_acks_and_nowhere() {
+    let mut config = Config::embedded();
+    config.rules = vec![RuleConfig {
+        name: "m".into(),
+        sql: r#"SELECT event, clientid, from_clientid, topic, qos, payload, reason
+                FROM "$events/message_delivered", "$events/message_acked", "$events/message_dropped""#
+            .into(),
+        actions: vec!["republish:events/${event}/${clientid}".into()],
+    }];
+    let b = Broker::new(config);
+    let mut h = Harness::new(&b);
+    let (w, _) = h.connect(connect_packet("watcher", true));
+    h.send(w, Packet::Subscribe(subscribe("events/#", QoS::AtMostOnce)));
+    h.received(w);
+    let (s, _) = h.connect(connect_packet("sub", true));
+    h.send(s, Packet::Subscribe(subscribe("t/#", QoS::AtLeastOnce)));
+    h.received(s);
+    let (p, _) = h.connect(connect_packet("pub", true));
+    h.send(p, Packet::Publish(publish("t/1", QoS::AtLeastOnce, "hello")));
+    let delivered = events(&mut h, w);
+    assert_eq!(
+        delivered,
+        [serde_json::json!({"event": "message.delivered", "clientid": "sub", "from_clientid": "pub",
+                            "topic": "t/1", "qos": 1, "payload": "hello", "reason": null})],
+        "the watcher's own QoS 0 copies of the events are not events again"
+    );
+    let id = h
+        .received(s)
+        .into_iter()
+        .find_map(|p| match p {
+            Packet::Publish(p) => Some(p.packet_id),
+            _ => None,
+        })
+        .expect("the subscriber got the message");
+    h.send(s, Packet::PubAck(braid_proto::Ack::new(id)));
+    let acked = events(&mut h, w);
+    assert_eq!(acked.len(), 1, "{acked:?}");
+    assert_eq!((&acked[0]["event"], &acked[0]["clientid"]), (&"message.acked".into(), &"sub".into()));
+    h.send(s, Packet::PubAck(braid_proto::Ack::new(id)));
+    assert_eq!(events(&mut h, w), Vec::<serde_json::Value>::new(), "an unknown id acknowledges nothing");
+    h.send(p, Packet::Publish(publish("nobody/listens", QoS::AtMostOnce, "x")));
+    let dropped = events(&mut h, w);
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!(
+        (&dropped[0]["event"], &dropped[0]["clientid"], &dropped[0]["reason"]),
+        (&"message.dropped".into(), &"pub".into(), &"no_subscribers".into())
+    );
+}
+
 /// A broker whose rule `r` sends its outputs to sink `s`; the harness's sessions (the outbox's
 /// among them: the sink's worker, which would give it the sink's limits, does not run here)
 /// queue up to `queue.0` messages and then do as `queue.1` says.

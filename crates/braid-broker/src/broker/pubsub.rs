@@ -162,11 +162,25 @@ impl Broker {
                 out.ticket = self.store.submit(Op::Retain(msg.clone()));
             }
         }
-        let router = self.router.read();
-        let mut targets = Vec::new();
-        router.route(&msg, &mut targets);
-        self.forward_to_remotes(&msg, &targets, &mut out, now);
-        self.deliver_to_sessions(&msg, &targets, &mut out, now);
+        let watched = self.message_events_wanted(&msg);
+        let mut delivered = Vec::new();
+        let nobody = {
+            let router = self.router.read();
+            let mut targets = Vec::new();
+            router.route(&msg, &mut targets);
+            self.forward_to_remotes(&msg, &targets, &mut out, now);
+            self.deliver_to_sessions(&msg, &targets, &mut out, now);
+            if watched.delivered {
+                delivered.extend(targets.iter().filter_map(|t| match t.to {
+                    Subscriber::Session(s) => Some((s.clone(), t.qos(&msg))),
+                    Subscriber::Remote(_) => None,
+                }));
+            }
+            targets.is_empty()
+        };
+        if watched.any() {
+            self.raise_message_events(&msg, &delivered, nobody && watched.dropped, now);
+        }
         out
     }
 

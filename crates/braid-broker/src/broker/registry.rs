@@ -213,6 +213,10 @@ impl Broker {
             link.ctl.close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
             link.ctl.hand_over();
             self.metrics.client_disconnected(link.origin.transport);
+            if self.rules.load().wants(Event::ClientDisconnected) {
+                let who = Who::new(&link.origin, link.version);
+                self.raise_disconnected(&old.client_id, &who, "takenover", now);
+            }
         }
         old.release_publishers(Release::All);
         if let Some(will) = will {

@@ -199,6 +199,99 @@ impl Broker {
     }
 }
 
+/// Which message events the rules take for a message.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct MessageEvents {
+    /// `$events/message_delivered`.
+    pub(super) delivered: bool,
+    /// `$events/message_dropped`.
+    pub(super) dropped: bool,
+}
+
+impl MessageEvents {
+    pub(super) fn any(self) -> bool {
+        self.delivered || self.dropped
+    }
+}
+
+impl Broker {
+    /// Which message events the rules take for `msg`: none for a message the broker made
+    /// (`$SYS`, what rules republish: no event loops).
+    pub(super) fn message_events_wanted(&self, msg: &Message) -> MessageEvents {
+        if msg.origin == 0 {
+            return MessageEvents::default();
+        }
+        let rules = self.rules.load();
+        MessageEvents {
+            delivered: rules.wants(Event::MessageDelivered),
+            dropped: rules.wants(Event::MessageDropped),
+        }
+    }
+
+    /// `$events/message_delivered` for each session `msg` was handed to (at the QoS given),
+    /// and `$events/message_dropped` (`no_subscribers`) when `nobody` took it; at `now`, with
+    /// no lock held.
+    pub(super) fn raise_message_events(
+        &self,
+        msg: &Message,
+        delivered: &[(Arc<Session>, QoS)],
+        nobody: bool,
+        now: Instant,
+    ) {
+        for (session, qos) in delivered {
+            let who = Who::of(&session.lock());
+            self.raise_message(Event::MessageDelivered, msg, *qos, (&session.client_id, who.as_ref()), now);
+        }
+        if nobody {
+            let who = self.session_of(&msg.origin_client).and_then(|s| Who::of(&s.lock()));
+            self.raise_message(Event::MessageDropped, msg, msg.qos, (&msg.origin_client, who.as_ref()), now);
+        }
+    }
+
+    /// `$events/message_acked` for `msg`, which the client of `session` acknowledged at `now`
+    /// (PUBACK, or PUBCOMP for QoS 2), delivered at `qos`; none for a message the broker made.
+    pub(crate) fn raise_acked(&self, session: &Session, msg: &Message, qos: QoS, now: Instant) {
+        if msg.origin != 0 {
+            let who = Who::of(&session.lock());
+            self.raise_message(Event::MessageAcked, msg, qos, (&session.client_id, who.as_ref()), now);
+        }
+    }
+
+    /// Runs the rules that take the message event `event` about `msg` at `qos`, for `client`
+    /// (the receiver; for a drop, the publisher).
+    fn raise_message(
+        &self,
+        event: Event,
+        msg: &Message,
+        qos: QoS,
+        client: (&str, Option<&Who>),
+        now: Instant,
+    ) {
+        let (client_id, who) = client;
+        let peerhost = who.map(|w| w.peer.ip().to_string());
+        let fields = match event {
+            Event::MessageDropped => [("reason", Value::from("no_subscribers"))],
+            _ => [("from_clientid", Value::from(&*msg.origin_client))],
+        };
+        let ctx = Context {
+            event,
+            clientid: client_id,
+            username: who.and_then(|w| w.username.as_deref()),
+            peerhost: peerhost.as_deref(),
+            topic: &msg.topic,
+            payload: &msg.payload,
+            qos: qos as u8,
+            retain: msg.retain,
+            timestamp: self.clock.unix_ms(now) as i64,
+            user_properties: &msg.properties.user_properties,
+            fields: &fields,
+            ..Context::default()
+        };
+        let mut effects = Effects::new(self, ByteString::from(client_id), now);
+        self.rules.load().on_event(&ctx, &mut effects);
+    }
+}
+
 /// Why a connection ended, in EMQX's words for `client_disconnected`'s `reason`: how it
 /// `ending`ed, and the reason the broker closed it with, if it did.
 pub(super) fn disconnect_reason(ending: Ending, closed_with: Option<ReasonCode>) -> &'static str {

@@ -25,6 +25,7 @@ use crate::rules::Publisher;
 use crate::session::{Qos2Ids, Session, Wakes};
 use crate::store::Ticket;
 use crate::trace::Direction;
+use braid_rules::Event;
 use futures_util::FutureExt;
 
 /// What the read loop does after a packet.
@@ -290,7 +291,15 @@ impl<'a> Inbound<'a> {
         let reply = match p {
             Packet::Publish(p) => return self.publish(p, now, out),
             Packet::PubAck(a) => {
-                self.transmit |= self.session.lock().on_puback(a.packet_id, now);
+                let acked = {
+                    let mut st = self.session.lock();
+                    let acked = self.watch_acks().then(|| st.in_flight_message(a.packet_id, false)).flatten();
+                    self.transmit |= st.on_puback(a.packet_id, now);
+                    acked
+                };
+                if let Some((msg, qos)) = acked {
+                    self.broker.raise_acked(&self.session, &msg, qos, now);
+                }
                 None
             }
             Packet::PubRec(a) => {
@@ -306,7 +315,15 @@ impl<'a> Inbound<'a> {
                 None
             }
             Packet::PubComp(a) => {
-                self.transmit |= self.session.lock().on_pubcomp(a.packet_id);
+                let acked = {
+                    let mut st = self.session.lock();
+                    let acked = self.watch_acks().then(|| st.in_flight_message(a.packet_id, true)).flatten();
+                    self.transmit |= st.on_pubcomp(a.packet_id);
+                    acked
+                };
+                if let Some((msg, qos)) = acked {
+                    self.broker.raise_acked(&self.session, &msg, qos, now);
+                }
                 None
             }
             Packet::PubRel(a) => {
@@ -501,6 +518,11 @@ impl<'a> Inbound<'a> {
             return receive_maximum_exceeded();
         }
         Flow::Continue
+    }
+
+    /// True when a rule takes `$events/message_acked`.
+    fn watch_acks(&self) -> bool {
+        self.broker.rules().wants(Event::MessageAcked)
     }
 
     /// Runs the broker's rules on `msg`, which this client published, with who it is; returns

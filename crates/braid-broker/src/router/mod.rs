@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
 use braid_proto::topic::{intersects, parse_shared};
+use braid_proto::QoS;
 
 use crate::config::{Overlapping, SharedStrategy};
 use crate::message::{Delivery, Message, SubIds};
@@ -61,6 +62,11 @@ impl<'a> Target<'a> {
         });
         m.retain_as_published |= other.entry.options.retain_as_published;
         m.sub_ids.merge(&other.entry.sub_id.into());
+    }
+
+    /// The QoS `msg` is delivered at: the lower of its own and the subscription's.
+    pub fn qos(&self, msg: &Message) -> QoS {
+        msg.qos.min(self.entry.options.qos)
     }
 
     /// The delivery of `msg`.

@@ -135,8 +135,13 @@ impl Inflight {
 
     /// Store sequence number of the delivery with packet id `id` at `stage`.
     pub fn seq_of(&self, id: u16, stage: Stage) -> Option<u64> {
+        self.delivery_of(id, stage).map(|d| d.seq)
+    }
+
+    /// The delivery with packet id `id` at `stage`.
+    pub fn delivery_of(&self, id: u16, stage: Stage) -> Option<&Delivery> {
         let w = self.0.as_ref()?;
-        w.position(id, stage).map(|i| w.entries[i].delivery.seq)
+        w.position(id, stage).map(|i| &w.entries[i].delivery)
     }
 
     /// PUBACK (or a failed PUBREC) for `id`: the delivery is done. Returns its store

@@ -486,6 +486,13 @@ impl SessionState {
         self.is_online() && !self.blocks_publishers_now()
     }
 
+    /// The message of the in-flight delivery `id` and the QoS it went at, that a PUBACK
+    /// (`released` false) or a PUBCOMP (true) for `id` would complete.
+    pub fn in_flight_message(&self, id: u16, released: bool) -> Option<(Arc<Message>, QoS)> {
+        let stage = if released { Stage::Released } else { Stage::Published };
+        self.inflight.delivery_of(id, stage).map(|d| (d.msg.clone(), d.qos))
+    }
+
     /// PUBACK from the client, at `now`. False if the id is unknown.
     pub fn on_puback(&mut self, id: u16, now: Instant) -> bool {
         self.complete(id, Stage::Published, Some(now))
