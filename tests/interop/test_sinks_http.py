@@ -310,3 +310,33 @@ def test_in_a_cluster_each_message_reaches_the_sink_once_from_the_node_it_was_pu
     temps = sorted(json.loads(b)["temp"] for b in target.taken)
     assert temps == sorted(100 * (i + 1) + n for i in range(3) for n in range(20)), temps
     assert len({json.loads(b)["id"] for b in taken}) == 60, "ids are unique across the nodes"
+
+
+def test_with_ack_target_the_puback_waits_for_the_target_and_says_when_it_refused(make_broker, connect):
+    from paho.mqtt.client import MQTTv5
+    target = Target()
+    target.stop()  # away: no PUBACK yet
+    broker, port = sink_broker(make_broker, target, sink={"ack": "target", "queue_overflow": "backpressure"})
+    publisher = connect(broker, client_id="dev1", protocol=MQTTv5)
+    info = publisher.publish("sensors/dev1/temp", json.dumps({"temp": 31}), qos=1, wait=False)
+    time.sleep(1.5)
+    assert not info.is_published(), "the PUBACK waits while the target is away"
+    assert sink_counts(port)["queued"] + sink_counts(port)["inflight"] >= 1
+    target.answer = lambda body: 400 if json.loads(body)["temp"] == 66 else 200
+    target.start()
+    info.wait_for_publish(20)
+    assert info.is_published() and target.wait_taken(1)
+    assert publisher.publish("sensors/dev1/temp", json.dumps({"temp": 32}), qos=1) == 0
+    assert publisher.publish("sensors/dev1/temp", json.dumps({"temp": 66}), qos=1) == 0x80, \
+        "a v5 publisher learns that the target refused its message"
+    assert publisher.publish("sensors/dev1/temp", json.dumps({"temp": 5}), qos=1) == 0, "no rule output: at once"
+    target.stop()
+
+
+def test_ack_target_with_drop_oldest_is_refused(tmp_path):
+    from conftest import toml_value
+    sink = {"name": "hook", "type": "http", "url": "http://x", "ack": "target"}
+    r = subprocess.run([BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
+                        "--set", f"store.data_dir={json.dumps(str(tmp_path))}", "--set", f"sinks={toml_value([sink])}"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2 and "sinks[0].queue_overflow" in r.stderr and "ack" in r.stderr, r.stderr

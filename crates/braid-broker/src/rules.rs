@@ -5,6 +5,7 @@
 //! outputs for sinks in the sinks' outboxes.
 
 use std::cell::OnceCell;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,11 +15,13 @@ use parking_lot::Mutex;
 use tracing::warn;
 
 use braid_proto::topic::valid_topic_name;
-use braid_proto::{Publish, QoS};
+use braid_proto::{Publish, QoS, ReasonCode};
 use braid_rules::{Action, Context, Event, Rule, Template};
+use tokio::sync::oneshot;
 
-use crate::config::{RuleConfig, SinkConfig};
+use crate::config::{RuleConfig, SinkAck, SinkConfig};
 use crate::message::Message;
+use crate::router::Confirm;
 use crate::session::IN_PROCESS;
 
 /// A broker's rules, compiled, and the outboxes of the sinks they name.
@@ -65,6 +68,34 @@ pub struct SinkOutbox {
     /// Outputs that did not go into it (no room, or no outbox yet); kept by a recompilation
     /// that keeps the sink.
     dropped: Arc<AtomicU64>,
+    /// With `ack = "target"`: the publishers waiting for the target's word on an output.
+    waiting: Option<Arc<Waiting>>,
+}
+
+/// Publishers' acknowledgements waiting for a sink's target, by the number their output
+/// carries (the user property [`SinkOutbox::WAITER`]).
+#[derive(Debug, Default)]
+pub struct Waiting {
+    next: AtomicU64,
+    waiters: Mutex<HashMap<u64, oneshot::Sender<ReasonCode>>>,
+}
+
+impl Waiting {
+    /// A number for an output, and the target's word on it (0x80 if it never comes: the
+    /// broker stopped, or the sink was removed).
+    pub fn wait(&self) -> (u64, Confirm) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().insert(n, tx);
+        (n, Confirm::new(async move { rx.await.unwrap_or(ReasonCode::UnspecifiedError) }))
+    }
+
+    /// The target's word on output `n`: Success, or why it refused it.
+    pub fn confirm(&self, n: u64, word: ReasonCode) {
+        if let Some(tx) = self.waiters.lock().remove(&n) {
+            let _ = tx.send(word);
+        }
+    }
 }
 
 impl SinkOutbox {
@@ -77,9 +108,18 @@ impl SinkOutbox {
         }
     }
 
+    /// The user property an output carries when its publisher waits for the target
+    /// (`ack = "target"`): the number to confirm it by ([`Waiting::confirm`]).
+    pub const WAITER: &'static str = "braid-sink-waiter";
+
     /// Outputs that did not go into the outbox (no room, or no outbox yet) since the start.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// With `ack = "target"`, the publishers waiting for the target.
+    pub fn waiting(&self) -> Option<&Arc<Waiting>> {
+        self.waiting.as_ref()
     }
 }
 
@@ -149,6 +189,8 @@ impl Rules {
                 sink: s.name.as_str().into(),
                 client_id: SinkOutbox::client_id(&s.name, node.as_deref()).into(),
                 dropped: before(&s.name).map_or_else(Default::default, |o| o.dropped.clone()),
+                waiting: (s.ack == SinkAck::Target)
+                    .then(|| before(&s.name).and_then(|o| o.waiting.clone()).unwrap_or_default()),
             })
             .collect::<Vec<_>>();
         let mut rules = Vec::with_capacity(configs.len());

@@ -20,8 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid_broker::config::{SinkConfig, SinkKind};
+use braid_broker::rules::SinkOutbox;
 use braid_broker::Broker;
-use braid_client::{Backoff, Client, Event, Received};
+use braid_client::{Backoff, Client, Event, Properties, ReasonCode, Received};
 use futures_util::FutureExt;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
@@ -198,13 +199,14 @@ async fn start(broker: &Arc<Broker>, config: SinkConfig, stop: &CancellationToke
     let broker = broker.clone();
     let stop = stop.clone();
     tokio::spawn(async move {
-        let worker = Worker { config, stats, target, stop };
-        worker.run(&broker, client, &client_id, limits).await;
+        let worker = Worker { broker, config, stats, target, stop };
+        worker.run(client, &client_id, limits).await;
     });
 }
 
 /// A sink's worker: takes outputs from the outbox and writes them to the target.
 struct Worker {
+    broker: Arc<Broker>,
     config: Arc<SinkConfig>,
     stats: Arc<Stats>,
     target: Target,
@@ -215,7 +217,6 @@ impl Worker {
     /// Runs until `stop`, connecting the outbox again if its connection ends.
     async fn run(
         mut self,
-        broker: &Arc<Broker>,
         mut client: Client,
         client_id: &str,
         limits: Arc<braid_broker::session::QueueLimits>,
@@ -226,7 +227,7 @@ impl Worker {
                 return;
             }
             // The outbox's connection ended without a stop (taken over): open it again.
-            client = match crate::connect_as(broker, client_id, limits.clone(), window).await {
+            client = match crate::connect_as(&self.broker, client_id, limits.clone(), window).await {
                 Ok((client, _)) => client,
                 Err(e) => return warn!(sink = %self.config.name, "sink: cannot open its outbox again: {e}"),
             };
@@ -245,7 +246,11 @@ impl Worker {
             let mut next = first;
             loop {
                 match next {
-                    Some((Event::Message(p), received)) => batch.push((output(&p.payload), received)),
+                    Some((Event::Message(p), received)) => batch.push(Taken {
+                        output: output(&p.payload),
+                        waiter: waiter(&p.properties),
+                        received,
+                    }),
                     Some((Event::Disconnected(_), _)) | None => break,
                     Some(_) => {}
                 }
@@ -264,8 +269,8 @@ impl Worker {
             if !self.write(&batch).await {
                 return false;
             }
-            for (_, received) in batch {
-                if let Some(r) = received {
+            for taken in batch {
+                if let Some(r) = taken.received {
                     client.ack(r);
                 }
             }
@@ -273,14 +278,15 @@ impl Worker {
     }
 
     /// Writes `batch` until the target has taken or refused each output (true), or the sink
-    /// stops (false: nothing is acknowledged, the outbox sends the batch again).
-    async fn write(&mut self, batch: &[(Option<Output>, Option<Received>)]) -> bool {
+    /// stops (false: nothing is acknowledged, the outbox sends the batch again); a publisher
+    /// waiting for the target (`ack = "target"`) gets its word.
+    async fn write(&mut self, batch: &[Taken]) -> bool {
         let (config, stats) = (&*self.config, &*self.stats);
-        let mut pending: Vec<&Output> = Vec::with_capacity(batch.len());
-        for (output, _) in batch {
-            match output {
-                Some(o) => pending.push(o),
-                None => self.refused("not a rule's output (not a JSON object)"),
+        let mut pending: Vec<(&Output, Option<u64>)> = Vec::with_capacity(batch.len());
+        for taken in batch {
+            match &taken.output {
+                Some(o) => pending.push((o, taken.waiter)),
+                None => self.refused("not a rule's output (not a JSON object)", taken.waiter),
             }
         }
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
@@ -288,7 +294,8 @@ impl Worker {
         while !pending.is_empty() {
             let n = pending.len() as u64;
             stats.in_flight.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-            let written = match tokio::time::timeout(timeout, self.target.write(&pending)).await {
+            let outputs: Vec<&Output> = pending.iter().map(|(o, _)| *o).collect();
+            let written = match tokio::time::timeout(timeout, self.target.write(&outputs)).await {
                 Ok(written) => written,
                 Err(_) => {
                     let why = format!("no answer within timeout_ms = {}", config.timeout_ms);
@@ -300,8 +307,11 @@ impl Worker {
             let mut failure = None;
             for (output, w) in pending.into_iter().zip(written) {
                 match w {
-                    Written::Sent => bump(&self.stats.sent),
-                    Written::Refused(why) => self.refused(&why),
+                    Written::Sent => {
+                        bump(&self.stats.sent);
+                        self.confirm(output.1, ReasonCode::Success);
+                    }
+                    Written::Refused(why) => self.refused(&why, output.1),
                     Written::Failed(why) => {
                         again.push(output);
                         failure = Some(why);
@@ -331,13 +341,41 @@ impl Worker {
         true
     }
 
-    /// Counts and logs (at most once a second) an output the target refused for good.
-    fn refused(&self, why: &str) {
+    /// Counts and logs (at most once a second) an output the target refused for good, and
+    /// tells its publisher if it waits (`waiter`).
+    fn refused(&self, why: &str, waiter: Option<u64>) {
+        self.confirm(waiter, ReasonCode::UnspecifiedError);
         bump(&self.stats.dropped);
         if self.stats.may_log() {
             warn!(sink = %self.config.name, "sink: the target refused an output ({why}); it is counted as failed and not written again");
         }
     }
+}
+
+impl Worker {
+    /// Gives the publisher waiting for output `waiter` (if any) the target's `word`.
+    fn confirm(&self, waiter: Option<u64>, word: ReasonCode) {
+        let Some(n) = waiter else { return };
+        let rules = self.broker.rules();
+        let outbox = rules.outboxes().iter().find(|o| *o.sink == *self.config.name);
+        if let Some(waiting) = outbox.and_then(|o| o.waiting()) {
+            waiting.confirm(n, word);
+        }
+    }
+}
+
+/// An output taken from the outbox: the rule's output (None if the message is not one), the
+/// number its publisher waits by, and what acknowledges it to the outbox.
+struct Taken {
+    output: Option<Output>,
+    waiter: Option<u64>,
+    received: Option<Received>,
+}
+
+/// The number a publisher waiting for the target (`ack = "target"`) knows this output by.
+fn waiter(properties: &Properties) -> Option<u64> {
+    let (_, n) = properties.user_properties.iter().find(|(k, _)| &**k == SinkOutbox::WAITER)?;
+    n.parse().ok()
 }
 
 /// The rule output a message of the outbox carries.

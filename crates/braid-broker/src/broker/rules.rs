@@ -77,19 +77,31 @@ impl Actions for Effects<'_> {
         let Some(session) = self.broker.session_of(&outbox.client_id) else {
             return Err("its outbox is not open yet".into());
         };
+        let mut properties = braid_proto::Properties::default();
+        let waiter = outbox.waiting().map(|waiting| {
+            let (n, confirm) = waiting.wait();
+            properties.user_properties.push((SinkOutbox::WAITER.into(), n.to_string().into()));
+            self.out.confirms.push(confirm);
+            (waiting, n)
+        });
         let publish = Publish {
             dup: false,
             qos: QoS::AtLeastOnce,
             retain: false,
             topic: format!("$sink/{}", outbox.sink).into(),
             packet_id: 0,
-            properties: Default::default(),
+            properties,
             payload: output,
         };
         let msg = Message::from_publish(publish, self.now, 0, self.origin_client.clone());
         let d = Delivery::of(msg, QoS::AtLeastOnce);
         match self.broker.deliver_holding(&session, d, &mut self.out, self.now) {
-            Enqueued::DroppedFull => Err("its outbox is full (queue_overflow = \"drop_newest\")".into()),
+            Enqueued::DroppedFull => {
+                if let Some((waiting, n)) = waiter {
+                    waiting.confirm(n, ReasonCode::QuotaExceeded);
+                }
+                Err("its outbox is full (queue_overflow = \"drop_newest\")".into())
+            }
             _ => Ok(()),
         }
     }

@@ -42,7 +42,7 @@ pub use mqtt::{
 pub use rules::RuleConfig;
 pub use runtime::{LogConfig, RuntimeConfig};
 pub use security::{AclConfig, AclPolicy, AuthConfig, DeniedPublish};
-pub use sinks::{SinkConfig, SinkKind};
+pub use sinks::{SinkAck, SinkConfig, SinkKind};
 pub use store::{Durability, StoreBackend, StoreConfig};
 
 /// The whole configuration.

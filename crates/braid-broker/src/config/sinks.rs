@@ -60,6 +60,22 @@ pub struct SinkConfig {
     /// What to do with an output when the outbox is full (counted): `backpressure` (hold the
     /// publishers), `drop_newest` or `drop_oldest`.
     pub queue_overflow: OverflowPolicy,
+    /// When the publisher of a message a rule sends here is acknowledged: `outbox`, once the
+    /// output is in the outbox; `target`, once the target confirmed (or refused) it.
+    pub ack: SinkAck,
+}
+
+/// When the publisher of a message whose rule output goes to a sink is acknowledged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SinkAck {
+    /// Once the output is in the sink's outbox (stored with the publish).
+    #[default]
+    Outbox,
+    /// Once the target confirmed the output (v5: 0x80 if it refused it); meanwhile the
+    /// publisher's Receive Maximum holds it back. After a restart the output is still written,
+    /// but the publisher, whose PUBACK never came, sends the message again.
+    Target,
 }
 
 /// What a sink writes to.
@@ -112,6 +128,7 @@ impl Default for SinkConfig {
             max_queued_messages: 100_000,
             max_queued_bytes: 64 * 1024 * 1024,
             queue_overflow: OverflowPolicy::DropOldest,
+            ack: SinkAck::Outbox,
         }
     }
 }
@@ -187,6 +204,12 @@ impl SinkConfig {
         }
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return bad("batch_size", &"must be 1 to 10000");
+        }
+        if self.ack == SinkAck::Target && self.queue_overflow == OverflowPolicy::DropOldest {
+            return bad(
+                "queue_overflow",
+                &"ack = \"target\" needs \"backpressure\" or \"drop_newest\": drop_oldest would drop outputs whose publishers wait",
+            );
         }
         if self.max_queued_messages == 0 || self.max_queued_bytes == 0 {
             return bad(
