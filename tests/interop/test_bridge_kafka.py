@@ -810,3 +810,23 @@ def test_a_missing_kafka_topic_is_logged_and_counted_and_later_messages_flow(own
     assert f"missing.{uid}" not in k.topics(), "Kafka created the topic after all"
     assert any("message dropped" in line and "missing" in line for line in b.log_text().splitlines()), \
         "no log line for the dropped message" + b.bridge_log()
+
+
+def test_a_rule_sends_its_outputs_to_kafka_through_a_kafka_sink(kafka, make_broker, connect):
+    """A `kafka` sink: one record per output of the rule, to the topic its template makes, keyed
+    by the client id, the value the output as JSON; read with Kafka's console consumer."""
+    uid = unique("sink")
+    rule = {"name": "hot", "actions": ["k"],
+            "sql": f'SELECT clientid, payload.temp AS temp FROM "{uid}/+/temp" WHERE payload.temp > 30'}
+    sink = {"name": "k", "type": "kafka", "url": f"kafka://{kafka.bootstrap}", "topic": f"{uid}.${{clientid}}",
+            "key": "${clientid}"}
+    b = make_broker(braid={"rules": [rule], "sinks": [sink]})
+    kafka.create_topic(f"{uid}.dev1")
+    pub = connect(b, client_id="dev1")
+    for temp in (31, 5, 32):
+        assert pub.publish(f"{uid}/dev1/temp", json.dumps({"temp": temp}), qos=1) == 0
+    pub.close()
+    mosquitto_pub(b, f"{uid}/dev1/temp", json.dumps({"temp": 33}), qos=1, extra=["-i", "dev1"])
+    got = kafka.consume(f"{uid}.dev1", 3)
+    assert [(r.key, json.loads(r.value)) for r in got] == [
+        (b"dev1", {"clientid": "dev1", "temp": t}) for t in (31, 32, 33)], got

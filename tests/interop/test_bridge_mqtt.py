@@ -594,3 +594,30 @@ def test_a_reload_adds_changes_and_removes_bridges_without_a_restart(remote, bri
     left = b.admin_get("/api/v1/clients?prefix=%24internal%2Fbridge%2F")["data"]
     assert left == [], left
     assert bystander.is_connected() and pub.is_connected()
+
+
+def test_a_rule_sends_its_outputs_to_another_broker_through_an_mqtt_sink(remote, make_broker, connect,
+                                                                        mosquitto_sub, tmp_path):
+    """An `mqtt` sink: each output of the rule is published to Mosquitto at QoS 1 with its topic
+    and payload templates, read there by mosquitto_sub; while Mosquitto is away the outputs wait
+    in the outbox and arrive once it is back."""
+    # Mosquitto keeps the watcher's session across its restart.
+    m = remote(["persistence true", f"persistence_location {tmp_path}/"])
+    sub = mosquitto_sub(m, ["alerts/#"], qos=1, version="mqttv5", client_id="sinkwatch", extra=["-c"])
+    rule = {"name": "hot", "actions": ["fwd"],
+            "sql": 'SELECT clientid, payload.temp AS temp FROM "sensors/+/temp" WHERE payload.temp > 30'}
+    sink = {"name": "fwd", "type": "mqtt", "url": f"mqtt://127.0.0.1:{m.port}", "topic": "alerts/${clientid}",
+            "body": "${temp} C"}
+    braid = make_broker(braid={"rules": [rule], "sinks": [sink]})
+    publisher = connect(braid, client_id="dev1")
+    for temp in (31, 5, 32):
+        assert publisher.publish("sensors/dev1/temp", json.dumps({"temp": temp}), qos=1) == 0
+    got = sub.wait_messages(2)
+    assert sorted((x.topic, x.payload) for x in got) == [("alerts/dev1", b"31 C"), ("alerts/dev1", b"32 C")]
+    m.stop()
+    for temp in (40, 41):
+        assert publisher.publish("sensors/dev1/temp", json.dumps({"temp": temp}), qos=1) == 0
+    wait_until(lambda: "writes failed" in braid.log_text(), message="the sink found Mosquitto away")
+    m.start()
+    got = sub.wait_messages(2, timeout=30)
+    assert sorted(x.payload for x in got) == [b"40 C", b"41 C"], got

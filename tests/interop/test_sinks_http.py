@@ -265,6 +265,9 @@ def test_outputs_waiting_in_the_outbox_survive_kill_9(make_broker, connect):
      "sinks[0].precision", "ns, us, ms or s"),
     ({"name": "hook", "type": "http", "url": "http://x", "queue_overflow": "explode"}, "sinks[0].queue_overflow",
      "explode"),
+    ({"name": "hook", "type": "mqtt", "url": "mqtt://h:1883"}, "sinks[0].topic", "required"),
+    ({"name": "hook", "type": "mqtt", "url": "mqtt://h", "topic": "a", "qos": 3}, "sinks[0].qos", "0, 1 or 2"),
+    ({"name": "hook", "type": "kafka", "url": "h:9092", "topic": "t"}, "sinks[0].url", "kafka://"),
 ])
 def test_a_malformed_sink_stops_the_start_naming_key_and_problem(sink, key, words, tmp_path):
     from conftest import toml_value

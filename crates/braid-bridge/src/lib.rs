@@ -41,13 +41,18 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     kafka::check(&config.bridges.kafka)?;
     #[cfg(not(feature = "kafka"))]
     if !config.bridges.kafka.is_empty() {
-        return Err(ConfigError::invalid(
-            "bridges.kafka",
-            "this braid was built without Kafka support (cargo feature `kafka` of braid-bridge)",
-        ));
+        return Err(ConfigError::invalid("bridges.kafka", NO_KAFKA));
+    }
+    #[cfg(not(feature = "kafka"))]
+    if let Some(at) = config.sinks.iter().position(|s| s.kind == braid_broker::config::SinkKind::Kafka) {
+        return Err(ConfigError::invalid(format!("sinks[{at}].type"), NO_KAFKA));
     }
     mqtt::check(&config.bridges.mqtt)
 }
+
+/// Why Kafka bridges and sinks are refused by a build without Kafka support.
+#[cfg(not(feature = "kafka"))]
+const NO_KAFKA: &str = "this braid was built without Kafka support (cargo feature `kafka` of braid-bridge)";
 
 /// Starts the configured bridges and the sinks in force on `broker` (checked by [`check`]);
 /// they run until the broker shuts down or [`Bridges::apply`] stops them (sinks: until the rules

@@ -199,7 +199,7 @@ fn with_properties(mut c: ClientConfig, b: &KafkaBridgeConfig) -> ClientConfig {
 
 /// True for a produce error that resending the same record cannot cure: the record is dropped
 /// (logged and counted) instead of holding the outbox.
-fn permanent(e: &KafkaError) -> bool {
+pub(crate) fn permanent(e: &KafkaError) -> bool {
     use RDKafkaErrorCode::*;
     let code = match e {
         KafkaError::MessageProduction(code) => *code,
@@ -223,9 +223,10 @@ fn permanent(e: &KafkaError) -> bool {
 /// The librdkafka client's context: its logs and errors go to Braid's log, and whether the
 /// brokers answer to the bridge's state.
 #[derive(Debug)]
-struct Context {
-    bridge: String,
-    stats: Arc<Stats>,
+pub(crate) struct Context {
+    /// What it is for, in the log: the bridge's name, or `sink <name>`.
+    pub(crate) bridge: String,
+    pub(crate) stats: Arc<Stats>,
 }
 
 impl ClientContext for Context {

@@ -13,6 +13,9 @@
 
 mod http;
 mod influxdb;
+#[cfg(feature = "kafka")]
+mod kafka;
+mod mqtt;
 mod postgres;
 mod redis;
 
@@ -85,16 +88,28 @@ enum Target {
     Postgres(postgres::Postgres),
     Redis(redis::Redis),
     Influxdb(influxdb::Influxdb),
+    Mqtt(Box<mqtt::Mqtt>),
+    #[cfg(feature = "kafka")]
+    Kafka(kafka::Kafka),
 }
 
 impl Target {
-    /// The target of `config` (checked); connections are opened when first written to.
-    fn new(config: &SinkConfig) -> Result<Target, String> {
+    /// The target of `config` (checked); connections are opened when first written to. A
+    /// Kafka producer reports to `stats`.
+    fn new(config: &SinkConfig, stats: &Arc<Stats>) -> Result<Target, String> {
         Ok(match config.kind {
             SinkKind::Http => Target::Http(http::Http::new(config)?),
             SinkKind::Postgres => Target::Postgres(postgres::Postgres::new(config)?),
             SinkKind::Redis => Target::Redis(redis::Redis::new(config)?),
             SinkKind::Influxdb => Target::Influxdb(influxdb::Influxdb::new(config)?),
+            SinkKind::Mqtt => Target::Mqtt(Box::new(mqtt::Mqtt::new(config)?)),
+            #[cfg(feature = "kafka")]
+            SinkKind::Kafka => Target::Kafka(kafka::Kafka::new(config, stats.clone())?),
+            #[cfg(not(feature = "kafka"))]
+            SinkKind::Kafka => {
+                let _ = stats;
+                return Err(crate::NO_KAFKA.into());
+            }
         })
     }
 
@@ -105,6 +120,9 @@ impl Target {
             Target::Postgres(t) => t.write(batch).await,
             Target::Redis(t) => t.write(batch).await,
             Target::Influxdb(t) => t.write(batch).await,
+            Target::Mqtt(t) => t.write(batch).await,
+            #[cfg(feature = "kafka")]
+            Target::Kafka(t) => t.write(batch).await,
         }
     }
 }
@@ -182,7 +200,7 @@ async fn start(broker: &Arc<Broker>, config: SinkConfig, stop: &CancellationToke
         outbox: Some(client_id.clone()),
     };
     Watched::start(broker, watch, stop.clone());
-    let target = match Target::new(&config) {
+    let target = match Target::new(&config, &stats) {
         Ok(t) => t,
         Err(e) => return warn!(sink = %config.name, "sink: {e}; it is not started"),
     };

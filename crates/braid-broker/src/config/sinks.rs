@@ -18,13 +18,15 @@ pub struct SinkConfig {
     #[serde(rename = "type")]
     pub kind: SinkKind,
     /// Where: `http(s)://...` (http, influxdb), `postgres://user:password@host:port/db`,
-    /// `redis://host:port/db`.
+    /// `redis://host:port/db`, `mqtt(s)://[user:password@]host:port` (another MQTT broker),
+    /// `kafka://host:port[,host:port...]` (bootstrap brokers).
     pub url: String,
     /// http: the request method.
     pub method: String,
     /// http: request headers, each value a template.
     pub headers: BTreeMap<String, String>,
-    /// http: the request body, a template; empty: the rule's output as JSON.
+    /// http: the request body; mqtt: the payload; kafka: the record's value: a template;
+    /// empty: the rule's output as JSON.
     pub body: String,
     /// postgres: the statement, a template whose placeholders become parameters (`$1`...),
     /// never text spliced into the SQL.
@@ -32,6 +34,14 @@ pub struct SinkConfig {
     /// redis: the command, its words separated by spaces, each a template
     /// (`HSET device:${clientid} temp ${temp}`).
     pub command: String,
+    /// mqtt and kafka: the topic to publish to, a template (`devices/${clientid}/hot`).
+    pub topic: String,
+    /// kafka: the record key, a template; empty: no key.
+    pub key: String,
+    /// mqtt: the QoS of what it publishes (0, 1 or 2; 0 is sent at most once).
+    pub qos: u8,
+    /// mqtt: publish retained.
+    pub retain: bool,
     /// influxdb: one point in line protocol, a template
     /// (`temp,client=${clientid} value=${temp} ${timestamp}`).
     pub line: String,
@@ -91,6 +101,10 @@ pub enum SinkKind {
     Redis,
     /// A point per output, in line protocol (InfluxDB 1.x and 2.x).
     Influxdb,
+    /// A message per output, to another MQTT broker.
+    Mqtt,
+    /// A record per output, to Kafka.
+    Kafka,
 }
 
 impl SinkKind {
@@ -101,6 +115,8 @@ impl SinkKind {
             SinkKind::Postgres => "postgres",
             SinkKind::Redis => "redis",
             SinkKind::Influxdb => "influxdb",
+            SinkKind::Mqtt => "mqtt",
+            SinkKind::Kafka => "kafka",
         }
     }
 }
@@ -117,6 +133,10 @@ impl Default for SinkConfig {
             sql: String::new(),
             command: String::new(),
             line: String::new(),
+            topic: String::new(),
+            key: String::new(),
+            qos: 1,
+            retain: false,
             database: String::new(),
             org: String::new(),
             bucket: String::new(),
@@ -161,6 +181,8 @@ impl SinkConfig {
             SinkKind::Http | SinkKind::Influxdb => &["http://", "https://"],
             SinkKind::Postgres => &["postgres://", "postgresql://"],
             SinkKind::Redis => &["redis://", "rediss://"],
+            SinkKind::Mqtt => &["mqtt://", "mqtts://"],
+            SinkKind::Kafka => &["kafka://"],
         };
         if !schemes.iter().any(|s| self.url.starts_with(s)) {
             let kind = self.kind.as_str();
@@ -189,6 +211,14 @@ impl SinkConfig {
                 required("sql", &self.sql, "INSERT INTO t(a, b) VALUES (${clientid}, ${temp})")?
             }
             SinkKind::Redis => required("command", &self.command, "HSET device:${clientid} temp ${temp}")?,
+            SinkKind::Mqtt | SinkKind::Kafka => {
+                required("topic", &self.topic, "devices/${clientid}/hot")?;
+                template("body", &self.body)?;
+                template("key", &self.key)?;
+                if self.qos > 2 {
+                    return bad("qos", &"must be 0, 1 or 2");
+                }
+            }
             SinkKind::Influxdb => {
                 required("line", &self.line, "temp,client=${clientid} value=${temp}")?;
                 if self.database.is_empty() && (self.org.is_empty() || self.bucket.is_empty()) {
