@@ -149,6 +149,8 @@ def test_outputs_arrive_with_url_headers_and_body_from_templates(make_broker, co
     _, text = Api(port).get("/metrics", raw=True)
     assert metric(text, "braid_sink_sent_total", kind="http", sink="hook") == 2
     assert metric(text, "braid_sink_up", kind="http", sink="hook") == 1
+    assert metric(text, "braid_sink_write_seconds_count", kind="http", sink="hook") >= 1
+    assert metric(text, "braid_sink_write_seconds_bucket", kind="http", sink="hook", le="+Inf") >= 1
 
 
 def test_the_default_body_is_the_output_as_json_with_a_unique_id(make_broker, target):

@@ -7,8 +7,8 @@
 use std::fmt::Write;
 use std::time::Instant;
 
-use braid_broker::metrics::{HistogramSnapshot, Metrics};
-use braid_broker::report::{Kind, Sample};
+use braid_broker::metrics::Metrics;
+use braid_broker::report::{HistogramSample, Kind, Sample};
 use braid_broker::store::StoreStats;
 use braid_broker::transport::Transport;
 use braid_broker::Broker;
@@ -150,8 +150,10 @@ fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
 pub(crate) fn render(broker: &Broker, started: Instant) -> String {
     let store = broker.store().stats();
     let mut samples = broker_samples(broker, &store);
+    let mut histograms = Vec::new();
     for report in broker.operators().reports() {
         report.samples(&mut samples);
+        report.histograms(&mut histograms);
     }
     for r in broker.rules().reports() {
         let counted = [
@@ -166,13 +168,14 @@ pub(crate) fn render(broker: &Broker, started: Instant) -> String {
     let mut text = String::with_capacity(8 * 1024);
     write_samples(&mut text, &samples);
     if let Some(syncs) = &store.syncs {
-        write_histogram(
-            &mut text,
-            "braid_store_fsync_seconds",
-            "How long the store's disk syncs took.",
-            syncs,
-        );
+        histograms.push(HistogramSample {
+            name: "braid_store_fsync_seconds",
+            help: "How long the store's disk syncs took.",
+            labels: Vec::new(),
+            value: syncs.clone(),
+        });
     }
+    write_histograms(&mut text, &histograms);
     let _ = writeln!(
         text,
         "# HELP braid_scrape_duration_seconds How long this scrape took to gather.\n# TYPE braid_scrape_duration_seconds gauge\nbraid_scrape_duration_seconds {}",
@@ -204,14 +207,33 @@ fn write_samples(text: &mut String, samples: &[Sample]) {
     }
 }
 
-fn write_histogram(text: &mut String, name: &str, help: &str, h: &HistogramSnapshot) {
-    let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} histogram");
-    for (le, n) in &h.buckets {
-        let _ = writeln!(text, "{name}_bucket{{le=\"{le}\"}} {n}");
+/// Writes `histograms`, grouped by name (each name's HELP and TYPE once).
+fn write_histograms(text: &mut String, histograms: &[HistogramSample]) {
+    let mut names: Vec<&'static str> = Vec::new();
+    for h in histograms {
+        if !names.contains(&h.name) {
+            names.push(h.name);
+        }
     }
-    let _ = writeln!(text, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(text, "{name}_sum {}", number(h.sum_secs));
-    let _ = writeln!(text, "{name}_count {}", h.count);
+    for name in names {
+        let mut of = histograms.iter().filter(|h| h.name == name).peekable();
+        if let Some(first) = of.peek() {
+            let _ = writeln!(text, "# HELP {name} {}\n# TYPE {name} histogram", first.help);
+        }
+        for h in of {
+            let with = |le: &str| {
+                let mut all = h.labels.clone();
+                all.push(("le", le.to_string()));
+                labels(&all)
+            };
+            for (le, n) in &h.value.buckets {
+                let _ = writeln!(text, "{name}_bucket{} {n}", with(&le.to_string()));
+            }
+            let _ = writeln!(text, "{name}_bucket{} {}", with("+Inf"), h.value.count);
+            let _ = writeln!(text, "{name}_sum{} {}", labels(&h.labels), number(h.value.sum_secs));
+            let _ = writeln!(text, "{name}_count{} {}", labels(&h.labels), h.value.count);
+        }
+    }
 }
 
 fn labels(labels: &[(&'static str, String)]) -> String {

@@ -8,14 +8,15 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use braid_broker::message::Message;
-use braid_broker::report::{Kind, Report, Sample};
+use braid_broker::metrics::Histogram;
+use braid_broker::report::{HistogramSample, Kind, Report, Sample};
 use braid_broker::Broker;
 use braid_proto::{ByteString, Bytes};
 use tokio_util::sync::CancellationToken;
 
 /// What one bridge or sink counts (a sink's `failed` are its retried writes, its `dropped`
 /// what its target refused for good).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Stats {
     /// The other side answers (the last thing heard from it was not a failure).
     pub up: AtomicBool,
@@ -32,11 +33,35 @@ pub(crate) struct Stats {
     pub received: AtomicU64,
     /// Records brought in that could not be published (no MQTT topic can be made for them).
     pub skipped: AtomicU64,
+    /// How long the other side took to confirm a write (a sink's batch).
+    pub writes: Histogram,
     /// When a message was last logged as dropped or skipped, in seconds since the bridge
     /// started: such lines are logged at most once a second (the counters count them all).
     last_logged: AtomicU64,
     started: OnceInstant,
 }
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            up: AtomicBool::default(),
+            sent: AtomicU64::default(),
+            failed: AtomicU64::default(),
+            dropped: AtomicU64::default(),
+            in_flight: AtomicU64::default(),
+            received: AtomicU64::default(),
+            skipped: AtomicU64::default(),
+            writes: Histogram::new(WRITE_US),
+            last_logged: AtomicU64::default(),
+            started: OnceInstant::default(),
+        }
+    }
+}
+
+/// The buckets of [`Stats::writes`]: 1 ms to 10 s.
+const WRITE_US: &[u64] = &[
+    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 10_000_000,
+];
 
 /// When the stats were made.
 #[derive(Debug)]
@@ -95,6 +120,8 @@ pub(crate) struct Family {
     /// The metric that says whether its other side answers.
     up: &'static str,
     counters: &'static [Counter],
+    /// The metric of [`Stats::writes`], with its help, if it exports it.
+    writes: Option<(&'static str, &'static str)>,
 }
 
 fn get(c: &AtomicU64) -> Option<u64> {
@@ -111,6 +138,7 @@ pub(crate) const BRIDGES: Family = Family {
     collection: "bridges",
     label: "bridge",
     up: "braid_bridge_up",
+    writes: None,
     counters: &[
         Counter {
             topic: "out/sent",
@@ -169,6 +197,10 @@ pub(crate) const SINKS: Family = Family {
     collection: "sinks",
     label: "sink",
     up: "braid_sink_up",
+    writes: Some((
+        "braid_sink_write_seconds",
+        "How long the target took to confirm a write (a batch of outputs).",
+    )),
     counters: &[
         Counter {
             topic: "sent",
@@ -288,9 +320,23 @@ impl Report for Watched {
         vec![entry]
     }
 
+    fn histograms(&self, out: &mut Vec<HistogramSample>) {
+        if let Some((name, help)) = self.family.writes {
+            out.push(HistogramSample {
+                name,
+                help,
+                labels: self.labelled(),
+                value: self.stats.writes.snapshot(),
+            });
+        }
+    }
+
     fn samples(&self, out: &mut Vec<Sample>) {
         let Some(broker) = self.broker.upgrade() else { return };
-        let labelled = |s: Sample| s.with("kind", self.kind).with(self.family.label, self.name.clone());
+        let labelled = |mut s: Sample| {
+            s.labels = self.labelled();
+            s
+        };
         out.push(labelled(Sample::gauge(
             self.family.up,
             "1 while the other side answers.",
@@ -303,6 +349,12 @@ impl Report for Watched {
             };
             out.push(labelled(sample));
         }
+    }
+}
+
+impl Watched {
+    fn labelled(&self) -> Vec<(&'static str, String)> {
+        vec![("kind", self.kind.to_string()), (self.family.label, self.name.clone())]
     }
 }
 

@@ -11,7 +11,24 @@ pub trait Report: Send + Sync + std::fmt::Debug {
     fn entries(&self) -> Vec<serde_json::Value>;
     /// Its metrics, appended to `out`.
     fn samples(&self, out: &mut Vec<Sample>);
+    /// Its histograms, appended to `out` (none by default).
+    fn histograms(&self, _out: &mut Vec<HistogramSample>) {}
 }
+
+/// One histogram of one metric, with its labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramSample {
+    /// The metric's name (`braid_` prefix, `_seconds`).
+    pub name: &'static str,
+    /// What it measures, one line.
+    pub help: &'static str,
+    /// Its labels, in order.
+    pub labels: Vec<(&'static str, String)>,
+    /// Its buckets, count and sum.
+    pub value: HistogramSnapshot,
+}
+
+use crate::metrics::HistogramSnapshot;
 
 /// One value of one metric.
 #[derive(Debug, Clone, PartialEq)]

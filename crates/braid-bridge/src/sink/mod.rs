@@ -313,6 +313,7 @@ impl Worker {
             let n = pending.len() as u64;
             stats.in_flight.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
             let outputs: Vec<&Output> = pending.iter().map(|(o, _)| *o).collect();
+            let started = std::time::Instant::now();
             let written = match tokio::time::timeout(timeout, self.target.write(&outputs)).await {
                 Ok(written) => written,
                 Err(_) => {
@@ -321,6 +322,7 @@ impl Worker {
                 }
             };
             stats.in_flight.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+            stats.writes.observe(started.elapsed());
             let mut again = Vec::new();
             let mut failure = None;
             for (output, w) in pending.into_iter().zip(written) {
