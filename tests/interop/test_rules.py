@@ -127,3 +127,28 @@ def test_message_events_are_rule_sources(make_broker, connect):
     assert got["trail/message.acked/reader"]["from_clientid"] == "shop", got
     assert got["trail/message.dropped/shop"]["reason"] == "no_subscribers", got
     watcher.expect_no_message(0.5)
+
+
+def test_a_republish_sink_templates_payload_qos_retain_and_user_properties(make_broker, connect):
+    from paho.mqtt.client import MQTTv5
+    rule = {"name": "hot", "actions": ["again"],
+            "sql": 'SELECT clientid, payload.temp AS temp FROM "sensors/+/temp" WHERE payload.temp > 30'}
+    sink = {"name": "again", "type": "republish", "topic": "alerts/${clientid}", "body": "${temp} C", "qos": 1,
+            "retain": True, "user_properties": {"device": "${clientid}"}}
+    broker, _ = admin_broker(make_broker, rules=[rule], sinks=[sink])
+    subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-i", "dev7", "-q", "1",
+                    "-t", "sensors/dev7/temp", "-m", json.dumps({"temp": 35})], check=True, timeout=10)
+    late = connect(broker, client_id="late", protocol=MQTTv5)
+    late.subscribe("alerts/#", qos=1)
+    [m] = late.wait_messages(1)
+    assert (m.topic, m.payload, m.qos, m.retain) == ("alerts/dev7", b"35 C", 1, True), m
+    assert m.properties.UserProperty == [("device", "dev7")], m.properties
+
+
+def test_a_republish_sink_with_a_url_is_refused(tmp_path):
+    sink = {"name": "again", "type": "republish", "topic": "a", "url": "mqtt://h"}
+    value = "[{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in sink.items()) + "}]"
+    r = subprocess.run([BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
+                        "--set", f"store.data_dir={json.dumps(str(tmp_path))}", "--set", f"sinks={value}"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2 and "sinks[0].url" in r.stderr and "no url" in r.stderr, r.stderr

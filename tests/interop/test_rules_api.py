@@ -31,16 +31,20 @@ def temps(target):
 @pytest.fixture
 def started(tmp_path, monkeypatch):
     """Factory: started(config="") -> (broker from a file with `config`, its API), the API on a
-    port of its own that a restart keeps."""
+    port of its own that a restart keeps; stopped after the test."""
     port = free_port()
     monkeypatch.setenv("BRAID_LISTENERS_HTTP", f"127.0.0.1:{port}")
+    made = []
 
     def make(config=""):
         b = BridgedBraid("[sys]\ninterval_secs = 0\n" + config, str(tmp_path / "b"), "sink")
+        made.append(b)
         b.admin_url()  # listening
         return b, Api(port)
 
-    return make
+    yield make
+    for b in made:
+        b.stop()
 
 
 def test_rules_and_sinks_made_through_the_api_work_at_once_and_outlive_a_restart(started, target):

@@ -15,11 +15,12 @@ use parking_lot::Mutex;
 use tracing::warn;
 
 use braid_proto::topic::valid_topic_name;
-use braid_proto::{Publish, QoS, ReasonCode};
-use braid_rules::{Action, Context, Event, Rule, Template};
+use braid_proto::{ByteString, Publish, QoS, ReasonCode};
+use braid_rules::{Action, Context, Event, Rule, RuleError, Template};
+use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
-use crate::config::{RuleConfig, SinkAck, SinkConfig};
+use crate::config::{RuleConfig, SinkAck, SinkConfig, SinkKind};
 use crate::message::Message;
 use crate::router::Confirm;
 use crate::session::IN_PROCESS;
@@ -50,11 +51,69 @@ struct MessageIds {
 struct Compiled {
     rule: Rule,
     config: RuleConfig,
-    republish: Vec<Template>,
+    republish: Vec<Republisher>,
     /// Its sinks, as indexes into `Rules::outboxes`.
     sinks: Vec<usize>,
     /// Kept by a recompilation that leaves the rule as it is.
     counts: Arc<RuleCounts>,
+}
+
+/// What a republishing action makes of an output: `republish:TOPIC` (the output as JSON, at the
+/// QoS of the message the rule ran on, not retained), or a `republish` sink's templates.
+#[derive(Debug)]
+struct Republisher {
+    topic: Template,
+    /// None: the output as JSON.
+    payload: Option<Template>,
+    /// None: the message's.
+    qos: Option<QoS>,
+    retain: bool,
+    user_properties: Vec<(ByteString, Template)>,
+}
+
+impl Republisher {
+    /// `republish:TOPIC`.
+    fn to(topic: Template) -> Republisher {
+        Republisher { topic, payload: None, qos: None, retain: false, user_properties: Vec::new() }
+    }
+
+    /// A `republish` sink (checked when it was configured).
+    fn of(sink: &SinkConfig) -> Result<Republisher, RuleError> {
+        let payload = (!sink.body.is_empty()).then(|| Template::parse(&sink.body)).transpose()?;
+        let mut user_properties = Vec::with_capacity(sink.user_properties.len());
+        for (name, value) in &sink.user_properties {
+            user_properties.push((ByteString::from(name.as_str()), Template::parse(value)?));
+        }
+        let qos = match sink.qos {
+            0 => QoS::AtMostOnce,
+            1 => QoS::AtLeastOnce,
+            _ => QoS::ExactlyOnce,
+        };
+        let topic = Template::parse(&sink.topic)?;
+        Ok(Republisher { topic, payload, qos: Some(qos), retain: sink.retain, user_properties })
+    }
+
+    /// The message it makes of `output` (`json`: the output as JSON), at `qos` unless it has its
+    /// own; `Err` if the topic it renders is not one a rule may publish to.
+    fn publish(&self, output: &Map<String, Value>, json: &Bytes, qos: QoS) -> Result<Publish, String> {
+        let topic = self.topic.render(output);
+        if !valid_topic_name(&topic) || topic.starts_with("$SYS") {
+            return Err(format!("republish: {topic:?} is not a topic a rule may publish to"));
+        }
+        let mut properties = braid_proto::Properties::default();
+        for (name, value) in &self.user_properties {
+            properties.user_properties.push((name.clone(), value.render(output).into()));
+        }
+        Ok(Publish {
+            dup: false,
+            qos: self.qos.unwrap_or(qos),
+            retain: self.retain,
+            topic: topic.into(),
+            packet_id: 0,
+            properties,
+            payload: self.payload.as_ref().map_or_else(|| json.clone(), |t| Bytes::from(t.render(output))),
+        })
+    }
 }
 
 /// The outbox of a sink: the persistent session of an in-process client that the sink's
@@ -185,6 +244,7 @@ impl Rules {
         let before = |name: &str| previous.and_then(|p| p.outboxes.iter().find(|o| *o.sink == *name));
         let outboxes = sinks
             .iter()
+            .filter(|s| s.kind != SinkKind::Republish)
             .map(|s| SinkOutbox {
                 sink: s.name.as_str().into(),
                 client_id: SinkOutbox::client_id(&s.name, node.as_deref()).into(),
@@ -205,8 +265,16 @@ impl Rules {
             let (mut republish, mut to_sinks) = (Vec::new(), Vec::new());
             for action in actions {
                 match action {
-                    Action::Republish(t) => republish.push(t),
-                    Action::Sink(name) => to_sinks.extend(outboxes.iter().position(|o| *o.sink == *name)),
+                    Action::Republish(t) => republish.push(Republisher::to(t)),
+                    Action::Sink(name) => {
+                        match sinks.iter().find(|s| s.name == name && s.kind == SinkKind::Republish) {
+                            Some(sink) => match Republisher::of(sink) {
+                                Ok(r) => republish.push(r),
+                                Err(e) => warn!("sink {name} left out of rule {}: {e}", config.name),
+                            },
+                            None => to_sinks.extend(outboxes.iter().position(|o| *o.sink == *name)),
+                        }
+                    }
                 }
             }
             let same = previous.and_then(|p| p.rules.iter().find(|r| r.config == *config));
@@ -321,21 +389,11 @@ impl Rules {
             r.counts.matched.fetch_add(1, Ordering::Relaxed);
             let payload = Bytes::from(serde_json::Value::Object(output.clone()).to_string());
             let mut failed = None;
-            for template in &r.republish {
-                let topic = template.render(&output);
-                if !valid_topic_name(&topic) || topic.starts_with("$SYS") {
-                    failed = Some(format!("republish: {topic:?} is not a topic a rule may publish to"));
-                    continue;
+            for republisher in &r.republish {
+                match republisher.publish(&output, &payload, qos) {
+                    Ok(p) => actions.republish(p),
+                    Err(e) => failed = Some(e),
                 }
-                actions.republish(Publish {
-                    dup: false,
-                    qos,
-                    retain: false,
-                    topic: topic.into(),
-                    packet_id: 0,
-                    properties: Default::default(),
-                    payload: payload.clone(),
-                });
             }
             for &i in &r.sinks {
                 let outbox = &self.outboxes[i];

@@ -215,6 +215,47 @@ fn message_events_follow_a_message_to_its_subscribers_their_acks_and_nowhere() {
     );
 }
 
+#[test]
+fn a_republish_sink_sets_topic_payload_qos_retain_and_user_properties_from_templates() {
+    let mut config = Config::embedded();
+    config.rules = vec![RuleConfig {
+        name: "r".into(),
+        sql: r#"SELECT clientid, payload.temp AS temp FROM "s/#""#.into(),
+        actions: vec!["again".into()],
+    }];
+    config.sinks = vec![SinkConfig {
+        name: "again".into(),
+        kind: braid_broker::config::SinkKind::Republish,
+        topic: "alerts/${clientid}".into(),
+        body: "${temp} C".into(),
+        qos: 1,
+        retain: true,
+        user_properties: [("from".to_string(), "${clientid}".to_string())].into(),
+        ..Default::default()
+    }];
+    let b = Broker::new(config);
+    let mut h = Harness::new(&b);
+    let (w, _) = h.connect(connect_packet("watcher", true));
+    h.send(w, Packet::Subscribe(subscribe("alerts/#", QoS::AtLeastOnce)));
+    h.received(w);
+    let (p, _) = h.connect(connect_packet("dev1", true));
+    h.send(p, Packet::Publish(publish("s/a", QoS::AtMostOnce, r#"{"temp": 31}"#)));
+    let got: Vec<_> = h
+        .received(w)
+        .into_iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    let [p] = &got[..] else { panic!("one message: {got:?}") };
+    assert_eq!((p.topic.as_ref(), &p.payload[..], p.qos), ("alerts/dev1", &b"31 C"[..], QoS::AtLeastOnce));
+    let props: Vec<(&str, &str)> = p.properties.user_properties.iter().map(|(k, v)| (&**k, &**v)).collect();
+    assert_eq!(props, [("from", "dev1")]);
+    assert_eq!(b.operators().retained_matching("alerts/dev1", h.now()).len(), 1, "kept as retained");
+    assert!(b.rules().outboxes().is_empty(), "a republish sink has no outbox");
+}
+
 /// A broker whose rule `r` sends its outputs to sink `s`; the harness's sessions (the outbox's
 /// among them: the sink's worker, which would give it the sink's limits, does not run here)
 /// queue up to `queue.0` messages and then do as `queue.1` says.

@@ -105,6 +105,7 @@ impl Target {
             SinkKind::Mqtt => Target::Mqtt(Box::new(mqtt::Mqtt::new(config)?)),
             #[cfg(feature = "kafka")]
             SinkKind::Kafka => Target::Kafka(kafka::Kafka::new(config, stats.clone())?),
+            SinkKind::Republish => return Err("a republish sink has no worker".into()),
             #[cfg(not(feature = "kafka"))]
             SinkKind::Kafka => {
                 let _ = stats;
@@ -175,7 +176,8 @@ impl Running {
                 Err(e) => warn!(sink = %name, "sink removed, but its outbox could not be ended: {e}"),
             }
         }
-        for config in sinks {
+        // A republish sink has no worker: the rules publish its messages themselves.
+        for config in sinks.iter().filter(|s| s.kind != SinkKind::Republish) {
             if self.0.iter().any(|(c, _)| c == config) {
                 continue;
             }

@@ -25,8 +25,8 @@ pub struct SinkConfig {
     pub method: String,
     /// http: request headers, each value a template.
     pub headers: BTreeMap<String, String>,
-    /// http: the request body; mqtt: the payload; kafka: the record's value: a template;
-    /// empty: the rule's output as JSON.
+    /// http: the request body; mqtt and republish: the payload; kafka: the record's value: a
+    /// template; empty: the rule's output as JSON.
     pub body: String,
     /// postgres: the statement, a template whose placeholders become parameters (`$1`...),
     /// never text spliced into the SQL.
@@ -34,14 +34,16 @@ pub struct SinkConfig {
     /// redis: the command, its words separated by spaces, each a template
     /// (`HSET device:${clientid} temp ${temp}`).
     pub command: String,
-    /// mqtt and kafka: the topic to publish to, a template (`devices/${clientid}/hot`).
+    /// mqtt, kafka and republish: the topic to publish to, a template (`devices/${clientid}/hot`).
     pub topic: String,
     /// kafka: the record key, a template; empty: no key.
     pub key: String,
-    /// mqtt: the QoS of what it publishes (0, 1 or 2; 0 is sent at most once).
+    /// mqtt and republish: the QoS of what it publishes (0, 1 or 2).
     pub qos: u8,
-    /// mqtt: publish retained.
+    /// mqtt and republish: publish retained.
     pub retain: bool,
+    /// republish: MQTT 5 user properties, name to value template.
+    pub user_properties: BTreeMap<String, String>,
     /// influxdb: one point in line protocol, a template
     /// (`temp,client=${clientid} value=${temp} ${timestamp}`).
     pub line: String,
@@ -105,6 +107,8 @@ pub enum SinkKind {
     Mqtt,
     /// A record per output, to Kafka.
     Kafka,
+    /// A message per output, published in Braid (no outbox: routed with the publish).
+    Republish,
 }
 
 impl SinkKind {
@@ -117,6 +121,7 @@ impl SinkKind {
             SinkKind::Influxdb => "influxdb",
             SinkKind::Mqtt => "mqtt",
             SinkKind::Kafka => "kafka",
+            SinkKind::Republish => "republish",
         }
     }
 }
@@ -137,6 +142,7 @@ impl Default for SinkConfig {
             key: String::new(),
             qos: 1,
             retain: false,
+            user_properties: BTreeMap::new(),
             database: String::new(),
             org: String::new(),
             bucket: String::new(),
@@ -178,6 +184,8 @@ impl SinkConfig {
             return bad("name", &"required: at most 64 letters, digits, '_' or '-'");
         }
         let schemes: &[&str] = match self.kind {
+            SinkKind::Republish if self.url.is_empty() => &[""],
+            SinkKind::Republish => return bad("url", &"a republish sink publishes in Braid: it has no url"),
             SinkKind::Http | SinkKind::Influxdb => &["http://", "https://"],
             SinkKind::Postgres => &["postgres://", "postgresql://"],
             SinkKind::Redis => &["redis://", "rediss://"],
@@ -211,10 +219,13 @@ impl SinkConfig {
                 required("sql", &self.sql, "INSERT INTO t(a, b) VALUES (${clientid}, ${temp})")?
             }
             SinkKind::Redis => required("command", &self.command, "HSET device:${clientid} temp ${temp}")?,
-            SinkKind::Mqtt | SinkKind::Kafka => {
+            SinkKind::Mqtt | SinkKind::Kafka | SinkKind::Republish => {
                 required("topic", &self.topic, "devices/${clientid}/hot")?;
                 template("body", &self.body)?;
                 template("key", &self.key)?;
+                for (name, value) in &self.user_properties {
+                    template(&format!("user_properties.{name}"), value)?;
+                }
                 if self.qos > 2 {
                     return bad("qos", &"must be 0, 1 or 2");
                 }
