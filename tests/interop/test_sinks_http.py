@@ -345,3 +345,16 @@ def test_ack_target_with_drop_oldest_is_refused(tmp_path):
                         "--set", f"store.data_dir={json.dumps(str(tmp_path))}", "--set", f"sinks={toml_value([sink])}"],
                        capture_output=True, text=True, timeout=20)
     assert r.returncode == 2 and "sinks[0].queue_overflow" in r.stderr and "ack" in r.stderr, r.stderr
+
+
+def test_refusals_are_all_counted_and_logged_at_most_once_a_second(make_broker, connect, target):
+    target.answer = lambda body: 422
+    broker, port = sink_broker(make_broker, target, sink={"batch_size": 10})
+    publisher = connect(broker, client_id="dev1")
+    started = time.time()
+    for i in range(50):
+        assert publisher.publish("sensors/dev1/temp", json.dumps({"temp": 100 + i}), qos=1) == 0
+    wait_for("50 refusals counted", lambda: sink_counts(port)["failed"] == 50)
+    lines = [line for line in broker.log_text().splitlines() if "the target refused an output" in line]
+    assert 1 <= len(lines) <= 1 + int(time.time() - started + 1), lines
+    assert "422 Unprocessable Entity" in lines[0], lines[0]
