@@ -374,6 +374,11 @@ impl Rules {
         self.events & 1 << event as u8 != 0
     }
 
+    /// A bit per [`Event`] some rule takes (`1 << event as u8`).
+    pub fn events(&self) -> u16 {
+        self.events
+    }
+
     /// Runs the rules on a client event (`ctx.event`, not a publish); what they republish goes
     /// out at QoS 0.
     pub fn on_event(&self, ctx: &Context<'_>, actions: &mut impl Actions) {

@@ -31,7 +31,7 @@ impl Broker {
             if !st.is_attached(generation) {
                 return;
             }
-            let who = if self.rules.load().wants(Event::ClientDisconnected) { Who::of(&st) } else { None };
+            let who = if self.rules_take(Event::ClientDisconnected) { Who::of(&st) } else { None };
             let taken = st.take_shared(&others);
             st.detach(generation);
             if ending != Ending::WithWill {

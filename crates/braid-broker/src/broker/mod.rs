@@ -26,7 +26,7 @@ mod timers;
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU16, AtomicU64};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -110,6 +110,9 @@ pub struct Broker {
     rules: ArcSwap<Rules>,
     /// The sinks in force, for the workers that write to them.
     sinks: watch::Sender<Arc<[SinkConfig]>>,
+    /// `rules`' events ([`Rules::events`]), read with one relaxed load on the publish and
+    /// acknowledgement paths, before (and mostly instead of) loading the rules.
+    rule_events: AtomicU16,
 }
 
 impl Broker {
@@ -319,6 +322,7 @@ impl Broker {
         let node = config.cluster.enabled.then_some(config.cluster.node.as_str());
         let compiled_rules = Rules::compile(&config.rules, &config.sinks, node, clock.unix_ms(started));
         let (sinks, _) = watch::channel(Arc::from(config.sinks.as_slice()));
+        let rule_events = AtomicU16::new(compiled_rules.events());
         let broker = Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),
@@ -343,6 +347,7 @@ impl Broker {
             tracer: Tracer::default(),
             rules: ArcSwap::from_pointee(compiled_rules),
             sinks,
+            rule_events,
         });
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker

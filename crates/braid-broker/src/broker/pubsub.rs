@@ -38,7 +38,7 @@ impl Broker {
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
         let mut retained_for = Vec::new();
-        let mut subscribed = self.rules.load().wants(Event::SessionSubscribed).then(Vec::new);
+        let mut subscribed = self.rules_take(Event::SessionSubscribed).then(Vec::new);
         for (filter, mut options) in sub.filters {
             let Some((inner, group)) = split_filter(&filter) else {
                 reasons.push(ReasonCode::TopicFilterInvalid);
@@ -121,7 +121,7 @@ impl Broker {
         now: Instant,
     ) -> UnsubAck {
         let mut reasons = Vec::with_capacity(unsub.filters.len());
-        let mut unsubscribed = self.rules.load().wants(Event::SessionUnsubscribed).then(Vec::new);
+        let mut unsubscribed = self.rules_take(Event::SessionUnsubscribed).then(Vec::new);
         for filter in unsub.filters {
             let reason = match split_filter(&filter) {
                 None => ReasonCode::TopicFilterInvalid,

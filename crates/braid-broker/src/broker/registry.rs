@@ -134,8 +134,7 @@ impl Broker {
         let mut link = Link::new(c.protocol, window, max_packet_size, alias_max, ctl.clone());
         let transport = origin.transport;
         (origin.keep_alive, origin.connected_at) = (keep_alive, self.unix_secs(now));
-        let connected =
-            self.rules.load().wants(Event::ClientConnected).then(|| Who::new(&origin, c.protocol));
+        let connected = self.rules_take(Event::ClientConnected).then(|| Who::new(&origin, c.protocol));
         link.origin = origin;
         let (generation, restore) = {
             let mut st = session.lock();
@@ -213,7 +212,7 @@ impl Broker {
             link.ctl.close_because(ReasonCode::SessionTakenOver, "another connection took over the session");
             link.ctl.hand_over();
             self.metrics.client_disconnected(link.origin.transport);
-            if self.rules.load().wants(Event::ClientDisconnected) {
+            if self.rules_take(Event::ClientDisconnected) {
                 let who = Who::new(&link.origin, link.version);
                 self.raise_disconnected(&old.client_id, &who, "takenover", now);
             }

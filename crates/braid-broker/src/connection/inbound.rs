@@ -293,7 +293,11 @@ impl<'a> Inbound<'a> {
             Packet::PubAck(a) => {
                 let acked = {
                     let mut st = self.session.lock();
-                    let acked = self.watch_acks().then(|| st.in_flight_message(a.packet_id, false)).flatten();
+                    let acked = self
+                        .broker
+                        .rules_take(Event::MessageAcked)
+                        .then(|| st.in_flight_message(a.packet_id, false))
+                        .flatten();
                     self.transmit |= st.on_puback(a.packet_id, now);
                     acked
                 };
@@ -317,7 +321,11 @@ impl<'a> Inbound<'a> {
             Packet::PubComp(a) => {
                 let acked = {
                     let mut st = self.session.lock();
-                    let acked = self.watch_acks().then(|| st.in_flight_message(a.packet_id, true)).flatten();
+                    let acked = self
+                        .broker
+                        .rules_take(Event::MessageAcked)
+                        .then(|| st.in_flight_message(a.packet_id, true))
+                        .flatten();
                     self.transmit |= st.on_pubcomp(a.packet_id);
                     acked
                 };
@@ -496,7 +504,9 @@ impl<'a> Inbound<'a> {
                 (Some(ack), ticket)
             }
         };
-        let for_rules = self.broker.rules().wants_topic(&msg.topic).then(|| msg.clone());
+        let for_rules = (self.broker.rules_take(Event::MessagePublish)
+            && self.broker.rules().wants_topic(&msg.topic))
+        .then(|| msg.clone());
         let mut published = self.broker.publish(msg, now);
         if let Some(msg) = for_rules {
             published.merge(self.apply_rules(&msg, now));
@@ -518,11 +528,6 @@ impl<'a> Inbound<'a> {
             return receive_maximum_exceeded();
         }
         Flow::Continue
-    }
-
-    /// True when a rule takes `$events/message_acked`.
-    fn watch_acks(&self) -> bool {
-        self.broker.rules().wants(Event::MessageAcked)
     }
 
     /// Runs the broker's rules on `msg`, which this client published, with who it is; returns
