@@ -184,23 +184,27 @@ pub(crate) fn render(broker: &Broker, started: Instant) -> String {
     text
 }
 
-/// Writes `samples`, grouped by name (each name's HELP and TYPE once, before its first sample).
-fn write_samples(text: &mut String, samples: &[Sample]) {
-    let mut names: Vec<&'static str> = Vec::new();
-    for s in samples {
-        if !names.contains(&s.name) {
-            names.push(s.name);
+/// `items` grouped by `name_of`, the groups in the order their names first appear.
+fn by_name<T>(items: &[T], name_of: impl Fn(&T) -> &'static str) -> Vec<(&'static str, Vec<&T>)> {
+    let mut groups: Vec<(&'static str, Vec<&T>)> = Vec::new();
+    for item in items {
+        let name = name_of(item);
+        match groups.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((name, vec![item])),
         }
     }
-    for name in names {
-        let mut of = samples.iter().filter(|s| s.name == name).peekable();
-        if let Some(first) = of.peek() {
-            let kind = match first.kind {
-                Kind::Counter => "counter",
-                Kind::Gauge => "gauge",
-            };
-            let _ = writeln!(text, "# HELP {name} {}\n# TYPE {name} {kind}", first.help);
-        }
+    groups
+}
+
+/// Writes `samples`, grouped by name (each name's HELP and TYPE once, before its first sample).
+fn write_samples(text: &mut String, samples: &[Sample]) {
+    for (name, of) in by_name(samples, |s| s.name) {
+        let kind = match of[0].kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        };
+        let _ = writeln!(text, "# HELP {name} {}\n# TYPE {name} {kind}", of[0].help);
         for s in of {
             let _ = writeln!(text, "{name}{} {}", labels(&s.labels), number(s.value));
         }
@@ -209,17 +213,8 @@ fn write_samples(text: &mut String, samples: &[Sample]) {
 
 /// Writes `histograms`, grouped by name (each name's HELP and TYPE once).
 fn write_histograms(text: &mut String, histograms: &[HistogramSample]) {
-    let mut names: Vec<&'static str> = Vec::new();
-    for h in histograms {
-        if !names.contains(&h.name) {
-            names.push(h.name);
-        }
-    }
-    for name in names {
-        let mut of = histograms.iter().filter(|h| h.name == name).peekable();
-        if let Some(first) = of.peek() {
-            let _ = writeln!(text, "# HELP {name} {}\n# TYPE {name} histogram", first.help);
-        }
+    for (name, of) in by_name(histograms, |h| h.name) {
+        let _ = writeln!(text, "# HELP {name} {}\n# TYPE {name} histogram", of[0].help);
         for h in of {
             let with = |le: &str| {
                 let mut all = h.labels.clone();

@@ -179,17 +179,23 @@ const SINK_PREFIX: &str = "$internal/sink/";
 /// Ends the persistent session of in-process client `client_id`: a clean start, then a
 /// DISCONNECT with Session Expiry 0.
 pub(crate) async fn end_session(broker: &Arc<Broker>, client_id: &str) -> Result<(), braid_client::Error> {
+    let mut opts = in_process_options(broker, client_id, outbox_limits(1, 1, OverflowPolicy::DropNewest));
+    opts.clean_start = true;
+    opts.session_expiry = Some(0);
+    let (client, _) = Client::connect(opts).await?;
+    client.disconnect(braid_client::ReasonCode::Success).await
+}
+
+/// The options of an MQTT 5 in-process client `client_id` of `broker`, its session's queue
+/// under `limits`.
+fn in_process_options(broker: &Arc<Broker>, client_id: &str, limits: Arc<QueueLimits>) -> ClientOptions {
     let (name, opener) = (client_id.to_string(), broker.clone());
-    let limits = outbox_limits(1, 1, OverflowPolicy::DropNewest);
     let mut opts = ClientOptions::new("in-process", 0);
     opts.transport =
         Transport::InMemory(InMemory::new(move || Ok(in_process::connect(&opener, &name, limits.clone()))));
     opts.version = ProtocolVersion::V5;
     opts.client_id = client_id.to_string();
-    opts.clean_start = true;
-    opts.session_expiry = Some(0);
-    let (client, _) = Client::connect(opts).await?;
-    client.disconnect(braid_client::ReasonCode::Success).await
+    opts
 }
 
 /// Connects the in-process client `$internal/bridge/<id>` (in a cluster `...@<node>`: each
@@ -212,13 +218,7 @@ pub(crate) async fn connect_as(
     limits: Arc<QueueLimits>,
     window: u16,
 ) -> Result<(Client, Connected), braid_client::Error> {
-    let client_id = client_id.to_string();
-    let (name, opener) = (client_id.clone(), broker.clone());
-    let mut opts = ClientOptions::new("in-process", 0);
-    opts.transport =
-        Transport::InMemory(InMemory::new(move || Ok(in_process::connect(&opener, &name, limits.clone()))));
-    opts.version = ProtocolVersion::V5;
-    opts.client_id = client_id;
+    let mut opts = in_process_options(broker, client_id, limits);
     opts.clean_start = false;
     opts.session_expiry = Some(u32::MAX);
     opts.receive_maximum = window;

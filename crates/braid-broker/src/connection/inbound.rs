@@ -291,19 +291,7 @@ impl<'a> Inbound<'a> {
         let reply = match p {
             Packet::Publish(p) => return self.publish(p, now, out),
             Packet::PubAck(a) => {
-                let acked = {
-                    let mut st = self.session.lock();
-                    let acked = self
-                        .broker
-                        .rules_take(Event::MessageAcked)
-                        .then(|| st.in_flight_message(a.packet_id, false))
-                        .flatten();
-                    self.transmit |= st.on_puback(a.packet_id, now);
-                    acked
-                };
-                if let Some((msg, qos)) = acked {
-                    self.broker.raise_acked(&self.session, &msg, qos, now);
-                }
+                self.acknowledged(a.packet_id, false, now);
                 None
             }
             Packet::PubRec(a) => {
@@ -319,19 +307,7 @@ impl<'a> Inbound<'a> {
                 None
             }
             Packet::PubComp(a) => {
-                let acked = {
-                    let mut st = self.session.lock();
-                    let acked = self
-                        .broker
-                        .rules_take(Event::MessageAcked)
-                        .then(|| st.in_flight_message(a.packet_id, true))
-                        .flatten();
-                    self.transmit |= st.on_pubcomp(a.packet_id);
-                    acked
-                };
-                if let Some((msg, qos)) = acked {
-                    self.broker.raise_acked(&self.session, &msg, qos, now);
-                }
+                self.acknowledged(a.packet_id, true, now);
                 None
             }
             Packet::PubRel(a) => {
@@ -528,6 +504,22 @@ impl<'a> Inbound<'a> {
             return receive_maximum_exceeded();
         }
         Flow::Continue
+    }
+
+    /// The client's PUBACK (`released` false) or PUBCOMP (true) for delivery `id`, at `now`:
+    /// completes it, and raises `$events/message_acked` (after the session's lock) when a rule
+    /// takes it.
+    fn acknowledged(&mut self, id: u16, released: bool, now: Instant) {
+        let acked = {
+            let mut st = self.session.lock();
+            let watched = self.broker.rules_take(Event::MessageAcked);
+            let acked = watched.then(|| st.in_flight_message(id, released)).flatten();
+            self.transmit |= if released { st.on_pubcomp(id) } else { st.on_puback(id, now) };
+            acked
+        };
+        if let Some((msg, qos)) = acked {
+            self.broker.raise_acked(&self.session, &msg, qos, now);
+        }
     }
 
     /// Runs the broker's rules on `msg`, which this client published, with who it is; returns
