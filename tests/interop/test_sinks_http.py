@@ -151,6 +151,12 @@ def test_outputs_arrive_with_url_headers_and_body_from_templates(make_broker, co
     assert metric(text, "braid_sink_up", kind="http", sink="hook") == 1
     assert metric(text, "braid_sink_write_seconds_count", kind="http", sink="hook") >= 1
     assert metric(text, "braid_sink_write_seconds_bucket", kind="http", sink="hook", le="+Inf") >= 1
+    # The same counters under $SYS, every sys.interval_secs (1 s here).
+    sys_watcher = connect(broker, client_id="sys-watcher")
+    sys_watcher.subscribe("$SYS/sinks/http/hook/#", qos=0)
+    wait_for("$SYS says sent 2 and state up", lambda: {
+        (m.topic, m.payload) for m in sys_watcher.received} >= {
+        ("$SYS/sinks/http/hook/sent", b"2"), ("$SYS/sinks/http/hook/state", b"up")}, timeout=10)
 
 
 def test_the_default_body_is_the_output_as_json_with_a_unique_id(make_broker, target):

@@ -226,7 +226,7 @@ pub(crate) const SINKS: Family = Family {
         Counter {
             topic: "dropped",
             metric: "braid_sink_dropped_total",
-            help: "Rule outputs that did not go into the sink's outbox (full).",
+            help: "Rule outputs that did not go into the sink's outbox, or were dropped from it, for want of room.",
             kind: Kind::Counter,
             read: |w, broker| {
                 let rules = broker.rules();

@@ -124,8 +124,8 @@ pub struct SinkOutbox {
     pub sink: Box<str>,
     /// The outbox's client id: `$internal/sink/<name>`, with `@<node>` in a cluster.
     pub client_id: Box<str>,
-    /// Outputs that did not go into it (no room, or no outbox yet); kept by a recompilation
-    /// that keeps the sink.
+    /// Outputs that did not go into it (no room, or no outbox yet) or that it dropped to make
+    /// room; kept by a recompilation that keeps the sink.
     dropped: Arc<AtomicU64>,
     /// With `ack = "target"`: the publishers waiting for the target's word on an output.
     waiting: Option<Arc<Waiting>>,
@@ -171,9 +171,15 @@ impl SinkOutbox {
     /// (`ack = "target"`): the number to confirm it by ([`Waiting::confirm`]).
     pub const WAITER: &'static str = "braid-sink-waiter";
 
-    /// Outputs that did not go into the outbox (no room, or no outbox yet) since the start.
+    /// Outputs that did not go into the outbox, or were dropped from it to make room, since
+    /// the start.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Counts an output dropped for want of room (`queue_overflow`), or for want of an outbox.
+    pub(crate) fn count_dropped(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// With `ack = "target"`, the publishers waiting for the target.
@@ -187,7 +193,8 @@ impl SinkOutbox {
 pub trait Actions {
     /// Routes a message a `republish:` action made.
     fn republish(&mut self, publish: Publish);
-    /// Puts `output` (the rule's output as JSON) in `outbox`; `Err` says why it could not.
+    /// Puts `output` (the rule's output as JSON) in `outbox`; `Err` says why it could not. An
+    /// older output it drops to make room, it counts ([`SinkOutbox::count_dropped`]).
     fn to_sink(&mut self, outbox: &SinkOutbox, output: Bytes) -> Result<(), String>;
 }
 
@@ -403,7 +410,7 @@ impl Rules {
             for &i in &r.sinks {
                 let outbox = &self.outboxes[i];
                 if let Err(why) = actions.to_sink(outbox, payload.clone()) {
-                    outbox.dropped.fetch_add(1, Ordering::Relaxed);
+                    outbox.count_dropped();
                     failed = Some(format!("sink {}: {why}", outbox.sink));
                 }
             }

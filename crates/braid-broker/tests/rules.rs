@@ -338,3 +338,20 @@ fn an_output_with_no_room_in_the_outbox_is_counted_against_the_rule_and_the_sink
     let ns: Vec<_> = outbox_outputs(&mut h).iter().map(|o| o["n"].as_i64()).collect();
     assert_eq!(ns, [Some(1), Some(2)]);
 }
+
+#[test]
+fn an_output_dropped_to_make_room_counts_against_the_sink_not_the_rule() {
+    let b = broker_with_sink(r#"SELECT payload.n AS n FROM "s/#""#, (2, OverflowPolicy::DropOldest));
+    let mut h = Harness::new(&b);
+    let (o, _) = h.connect(connect_with_expiry("$internal/sink/s", false, u32::MAX));
+    h.drop_connection(o);
+    let (p, _) = h.connect(connect_packet("dev1", true));
+    for n in 1..=3 {
+        h.send(p, Packet::Publish(publish("s/a", QoS::AtLeastOnce, format!(r#"{{"n": {n}}}"#))));
+    }
+    let [report] = &b.rules().reports()[..] else { panic!("one rule") };
+    assert_eq!((report.matched, report.passed, report.failed), (3, 3, 0), "every output went in");
+    assert_eq!(b.rules().outboxes()[0].dropped(), 1, "the oldest made room");
+    let ns: Vec<_> = outbox_outputs(&mut h).iter().map(|o| o["n"].as_i64()).collect();
+    assert_eq!(ns, [Some(2), Some(3)]);
+}

@@ -112,6 +112,10 @@ impl Actions for Effects<'_> {
                 }
                 Err("its outbox is full (queue_overflow = \"drop_newest\")".into())
             }
+            Enqueued::QueuedDroppedOldest(_) => {
+                outbox.count_dropped();
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
