@@ -13,7 +13,6 @@ import atexit
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -107,21 +106,6 @@ bind-address = "{HOST}:{self.rpc_port}"
                 raise RuntimeError(f"influxd on port {self.port} not ready within {timeout}s "
                                    f"({last}):\n{self.log_text()[-3000:]}")
             time.sleep(0.05)
-
-    def stop(self, timeout=30.0):
-        """SIGTERM (influxd closes its shards) and waits; SIGKILL after `timeout`."""
-        if self.running():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def kill(self):
-        """SIGKILL: start() then replays the WAL."""
-        if self.running():
-            self.proc.kill()
-            self.proc.wait()
 
     def _query(self, q, db=None, timeout=10):
         """POSTs `q` to /query; returns the JSON answer's results, raising on any error in it."""

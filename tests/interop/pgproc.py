@@ -43,6 +43,9 @@ class Postgres(ServiceProcess):
     superuser owning database iot), `psql(sql)`, and `stop()` (fast shutdown) / `kill()`
     (SIGKILL to the server and its backends) / `start()` (again, same port and directory)."""
 
+    # Fast shutdown: rolls back open transactions, checkpoints.
+    stop_signal = signal.SIGINT
+
     def __init__(self, port=None, start=True):
         self.bin = need_postgres()
         self.host = HOST
@@ -106,16 +109,6 @@ class Postgres(ServiceProcess):
                 raise RuntimeError(f"postgres on port {self.port} not ready within {timeout}s:\n"
                                    f"{self.log_text()[-3000:]}")
             time.sleep(0.05)
-
-    def stop(self, timeout=30.0):
-        """Fast shutdown (SIGINT: rolls back open transactions, checkpoints) and waits; SIGKILL to
-        the whole server after `timeout`."""
-        if self.running():
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
     def kill(self):
         """SIGKILL to the postmaster and its backends, as if the machine had died; start() then

@@ -9,7 +9,6 @@ by scripts/install-test-deps). Usable outside pytest too:
         r.kill()          # SIGKILL
         r.start()         # same port and directory: the AOF brings "k" back
 """
-import os
 import shutil
 import signal
 import socket
@@ -59,6 +58,9 @@ class RedisServer(ServiceProcess):
     tls:        (cert_file, key_file, ca_file): TLS only (no plain TCP port), clients not asked
                 for certificates; `port` is the TLS port and url is rediss://host:port.
     """
+
+    # On SIGTERM Redis fsyncs its AOF and exits.
+    stop_timeout = 10.0
 
     def __init__(self, appendonly=True, password=None, acl_user=None, port=None, extra_args=(),
                  start=True, tls=None):
@@ -163,22 +165,6 @@ class RedisServer(ServiceProcess):
         except BaseException:
             s.close()
             raise
-
-    def stop(self, timeout=10.0):
-        """SIGTERM (Redis fsyncs its AOF and exits) and wait; SIGKILL after `timeout`."""
-        if self.running():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def kill(self):
-        """SIGKILL: whatever the AOF has not fsynced yet is lost (at most ~1 s with everysec)."""
-        if self.running():
-            self.proc.kill()
-            self.proc.wait()
 
 
     # ---- inspection ---------------------------------------------------------------------------
