@@ -178,7 +178,7 @@ impl SinkOutbox {
     }
 
     /// Counts an output dropped for want of room (`queue_overflow`), or for want of an outbox.
-    pub(crate) fn count_dropped(&self) {
+    pub fn count_dropped(&self) {
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
