@@ -28,7 +28,7 @@ struct Recorder {
 impl RemoteSink for Recorder {
     fn deliver(&self, fwd: Forward, _now: Instant) -> Delivered {
         if self.full.load(Ordering::Relaxed) {
-            return Delivered { enqueued: Enqueued::DroppedFull, ticket: 0, confirm: None };
+            return Delivered { enqueued: Enqueued::DroppedFull, ..Delivered::queued(0) };
         }
         self.got.lock().unwrap().push((fwd.msg.topic.to_string(), fwd.msg.qos, fwd.scope));
         Delivered::queued(0)

@@ -293,7 +293,9 @@ pub(crate) fn route_now(
     let mut held = Vec::new();
     // The subscribers' connections are woken once for the whole batch (when this is dropped).
     let mut wakes = Wakes::default();
-    let now = match hold_relayed {
+    // One reading of the clock for the batch.
+    let now = Instant::now();
+    let mut messages: Vec<Incoming> = match hold_relayed {
         false => std::mem::take(&mut backlog.messages),
         true => {
             let (waiting, now) = backlog.messages.drain(..).partition(|m| m.relayed);
@@ -301,18 +303,24 @@ pub(crate) fn route_now(
             now
         }
     };
-    for Incoming { msg, scope, .. } in now {
-        if let Some(id) = &msg.remote_id {
-            if !seen.lock().first(id) {
+    // Those received before are dropped; the rest are routed, their deliveries kept in Redis
+    // until their entry or frame is acknowledged (one lock each for the batch).
+    {
+        let mut seen = seen.lock();
+        messages.retain(|m| match &m.msg.remote_id {
+            Some(id) if !seen.first(id) => {
                 shared.duplicates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 debug!("cluster: a message received twice is dropped");
-                continue;
+                false
             }
-            shared.store.routing(id);
-            backlog.routed.push(id.clone());
-        }
+            _ => true,
+        });
+    }
+    let routed = backlog.routed.len();
+    backlog.routed.extend(messages.iter().filter_map(|m| m.msg.remote_id.clone()));
+    shared.store.routing(&backlog.routed[routed..]);
+    for Incoming { msg, scope, .. } in messages {
         let own = msg.remote_id.as_ref().filter(|id| *id.sender == *shared.incarnation).map(|id| id.number);
-        let now = Instant::now();
         let arrival = match (source, own) {
             (Source::Gone(taken), _) => Arrival::Drained(&taken.sessions),
             (Source::Own, Some(number)) => Arrival::Returned(number),

@@ -13,6 +13,7 @@ use tracing::warn;
 use braid_broker::broker::Broker;
 use braid_broker::message::Message;
 use braid_broker::store::{codec, UnixClock};
+use braid_proto::BytesMut;
 
 use crate::keys::Keys;
 use crate::redis::bytes;
@@ -31,7 +32,7 @@ pub(crate) async fn load(
     let all: Value = redis::cmd("HGETALL").arg(keys.retained()).query_async(conn).await?;
     let mut out = Vec::new();
     for (topic, body) in pairs(Some(&all)) {
-        match codec::read_message(body, clock) {
+        match codec::read_message(BytesMut::from(body), clock) {
             Ok(msg) => out.push(msg),
             Err(e) => {
                 warn!(topic = %String::from_utf8_lossy(topic), "cluster: an unreadable retained message is skipped: {e}")
@@ -95,7 +96,7 @@ fn apply(broker: &Broker, fields: &[Value]) {
     let msg = if value.is_empty() {
         Message::internal(String::from_utf8_lossy(topic).into_owned().into(), Default::default(), true)
     } else {
-        match codec::read_message(value, broker.unix_clock()) {
+        match codec::read_message(BytesMut::from(value), broker.unix_clock()) {
             Ok(msg) => msg,
             Err(e) => return warn!("cluster: an unreadable retained change is skipped: {e}"),
         }

@@ -58,17 +58,12 @@ impl RemoteSink for NodeSink {
             // path, whose reader waits for the store's ticket before acknowledging its entry.
             Some(link) if fwd.msg.remote_id.is_none() => {
                 let after = match fwd.msg.qos {
-                    QoS::AtMostOnce => {
-                        link.send(fwd);
-                        return Delivered::queued(0);
-                    }
+                    QoS::AtMostOnce => return Delivered { wake: link.send(fwd), ..Delivered::queued(0) },
                     QoS::AtLeastOnce => 0,
                     QoS::ExactlyOnce => self.shared.store.written_by(fwd.msg.origin),
                 };
-                Delivered {
-                    confirm: Some(link.send_confirmed(&self.shared, fwd, after)),
-                    ..Delivered::queued(0)
-                }
+                let (confirm, wake) = link.send_confirmed(fwd, after);
+                Delivered { confirm: Some(confirm), wake, ..Delivered::queued(0) }
             }
             _ => Delivered::queued(self.shared.store.forward(
                 &self.node,

@@ -187,10 +187,13 @@ impl RedisStore {
         self.sessions.lock().retain(|_, b| &*b.client_id != client_id);
     }
 
-    /// Message `id` is routed from an inbox entry that is not acknowledged yet: its
-    /// deliveries stay in Redis until [`RedisStore::acknowledged`].
-    pub(crate) fn routing(&self, id: &RemoteId) {
-        self.unacked.lock().messages.entry(id.clone()).or_default().0 += 1;
+    /// Messages `ids` are routed from an inbox entry (or link frame) that is not acknowledged
+    /// yet: their deliveries stay in Redis until [`RedisStore::acknowledged`].
+    pub(crate) fn routing(&self, ids: &[RemoteId]) {
+        let mut unacked = self.unacked.lock();
+        for id in ids {
+            unacked.messages.entry(id.clone()).or_default().0 += 1;
+        }
     }
 
     /// The inbox entries the messages `ids` were routed from are acknowledged: their
@@ -652,7 +655,7 @@ mod tests {
         store.set_epoch("c", 1);
         store.bind(7, "c");
         let id = RemoteId { sender: "n2@1".into(), number: 5 };
-        store.routing(&id);
+        store.routing(std::slice::from_ref(&id));
         store.submit(Op::Append { session: 7, seq: 1, delivery: remote_delivery(&id) });
         assert_eq!(jobs(&mut writer).0, 1, "the append is written at once");
         store.submit(Op::Done { session: 7, seq: 1 });
@@ -674,7 +677,7 @@ mod tests {
         store.set_epoch("c", 1);
         store.bind(7, "c");
         let id = RemoteId { sender: "n2@1".into(), number: 9 };
-        store.routing(&id);
+        store.routing(std::slice::from_ref(&id));
         store.submit(Op::Append { session: 7, seq: 1, delivery: remote_delivery(&id) });
         store.submit(Op::Done { session: 7, seq: 1 });
         assert_eq!(jobs(&mut writer).0, 1);

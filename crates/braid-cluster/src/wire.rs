@@ -10,7 +10,8 @@ use redis::{Cmd, Value};
 use braid_broker::message::{Message, RemoteId};
 use braid_broker::router::{Forward, Scope};
 use braid_broker::store::{codec, RecordError, UnixClock};
-use braid_proto::ByteString;
+use braid_proto::{ByteString, BytesMut};
+use bytes::{Buf, BufMut};
 
 use crate::redis::bytes;
 
@@ -64,7 +65,8 @@ pub(crate) struct Incoming {
 }
 
 /// Messages for one inbox, packed into one entry: each is a length-prefixed record of its
-/// scope, publisher's client id, sender, number and the message itself.
+/// scope, publisher's client id, sender, number and the message itself. A link frame carries
+/// the same records (see [`put_forward`]).
 #[derive(Debug, Default)]
 pub(crate) struct Pack(Vec<u8>);
 
@@ -74,23 +76,9 @@ impl Pack {
         put(&mut self.0, record);
     }
 
-    /// Adds `fwd` as a [`record`] made in place (no record of its own to copy).
-    pub(crate) fn push_forward(&mut self, incarnation: &str, fwd: &Forward, clock: &UnixClock) {
-        let at = self.0.len();
-        self.0.extend_from_slice(&[0; 4]);
-        write_record(&mut self.0, incarnation, fwd, false, clock);
-        let len = (self.0.len() - at - 4) as u32;
-        self.0[at..at + 4].copy_from_slice(&len.to_le_bytes());
-    }
-
     /// The packed size in bytes.
     pub(crate) fn len(&self) -> usize {
         self.0.len()
-    }
-
-    /// The packed bytes, as a link frame carries them (see [`crate::link`]).
-    pub(crate) fn into_bytes(self) -> Vec<u8> {
-        self.0
     }
 
     /// XADD of the packed messages to `inbox`.
@@ -105,27 +93,37 @@ impl Pack {
 /// message's number there, what a receiver recognises a message it got twice by), `relayed`
 /// or not. Its expiry is in Unix time, by `clock`.
 pub(crate) fn record(incarnation: &str, fwd: &Forward, relayed: bool, clock: &UnixClock) -> Vec<u8> {
-    let mut record = Vec::with_capacity(fwd.msg.payload.len() + fwd.msg.topic.len() + 64);
+    let mut record = BytesMut::with_capacity(fwd.msg.payload.len() + fwd.msg.topic.len() + 64);
     write_record(&mut record, incarnation, fwd, relayed, clock);
-    record
+    record.into()
+}
+
+/// Appends `fwd` to `out` as a [`Pack`] holds it (its [`record`], length first), made in
+/// place: a link's task encodes straight into the connection's write buffer.
+pub(crate) fn put_forward(out: &mut BytesMut, incarnation: &str, fwd: &Forward, clock: &UnixClock) {
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    write_record(out, incarnation, fwd, false, clock);
+    let len = (out.len() - at - 4) as u32;
+    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// Appends [`record`]'s bytes to `out`.
-fn write_record(out: &mut Vec<u8>, incarnation: &str, fwd: &Forward, relayed: bool, clock: &UnixClock) {
+fn write_record(out: &mut BytesMut, incarnation: &str, fwd: &Forward, relayed: bool, clock: &UnixClock) {
     // A message passed on again keeps the identity it came with.
     let (sender, n) = match &fwd.msg.remote_id {
         Some(id) => (&*id.sender, id.number),
         None => (incarnation, fwd.id),
     };
-    out.push(if fwd.scope.plain { PLAIN } else { 0 } | if relayed { RELAYED } else { 0 });
-    out.extend_from_slice(&(fwd.scope.groups.len() as u32).to_le_bytes());
+    out.put_u8(if fwd.scope.plain { PLAIN } else { 0 } | if relayed { RELAYED } else { 0 });
+    out.put_u32_le(fwd.scope.groups.len() as u32);
     for g in &fwd.scope.groups {
         put(out, g.as_bytes());
     }
     put(out, fwd.msg.origin_client.as_bytes());
     put(out, sender.as_bytes());
-    out.extend_from_slice(&n.to_le_bytes());
-    out.extend_from_slice(&codec::message(&fwd.msg, clock));
+    out.put_u64_le(n);
+    codec::put_message(out, &fwd.msg, clock);
 }
 
 /// XADD to `inbox` of a request to hand `client_id`'s session over to `from`, for a client
@@ -160,7 +158,9 @@ pub(crate) fn read(fields: &[Value], clock: &UnixClock) -> Result<Entry, WireErr
         String::from_utf8(b.to_vec()).map_err(|_| WireError::FieldNotUtf8)
     };
     match get("k") {
-        Some(b"p") => unpack(get("p").ok_or(WireError::NoMessages)?, clock).map(Entry::Messages),
+        Some(b"p") => {
+            unpack(BytesMut::from(get("p").ok_or(WireError::NoMessages)?), clock).map(Entry::Messages)
+        }
         Some(b"r") => Ok(Entry::Release {
             client_id: text("c")?.into(),
             from: text("f")?,
@@ -176,23 +176,41 @@ const PLAIN: u8 = 1;
 /// In a record's first byte: passed on by a relay.
 const RELAYED: u8 = 2;
 
-/// The messages of a [`Pack`] (their expiries converted by `clock`).
-pub(crate) fn unpack(mut packed: &[u8], clock: &UnixClock) -> Result<Vec<Incoming>, WireError> {
+/// The messages of a [`Pack`] (their expiries converted by `clock`). Each message's topic,
+/// payload and publisher's client id are taken out of `packed` without a copy.
+pub(crate) fn unpack(mut packed: BytesMut, clock: &UnixClock) -> Result<Vec<Incoming>, WireError> {
     let mut out = Vec::new();
+    // The sender of the record before: a frame's records mostly share theirs.
+    let mut last_sender: Option<Arc<str>> = None;
     while !packed.is_empty() {
-        let mut record = take(&mut packed)?;
-        let flags = take_n::<1>(&mut record)?[0];
-        let groups = u32::from_le_bytes(take_n(&mut record)?);
+        let len = u32::from_le_bytes(take_n(&mut &packed[..])?) as usize;
+        if packed.len() - 4 < len {
+            return Err(WireError::CutShort);
+        }
+        packed.advance(4);
+        let mut record = packed.split_to(len);
+        let mut r = &record[..];
+        let flags = take_n::<1>(&mut r)?[0];
+        let groups = u32::from_le_bytes(take_n(&mut r)?);
         let groups = (0..groups)
-            .map(|_| Ok(String::from_utf8_lossy(take(&mut record)?).into()))
+            .map(|_| Ok(String::from_utf8_lossy(take(&mut r)?).into()))
             .collect::<Result<_, WireError>>()?;
-        let client = take_text(&mut record)?;
-        let sender = take_text(&mut record)?;
-        let number = u64::from_le_bytes(take_n(&mut record)?);
+        let client_at = record.len() - r.len() + 4;
+        let client_len = take(&mut r)?.len();
+        let sender = match (std::str::from_utf8(take(&mut r)?), &last_sender) {
+            (Err(_), _) => return Err(WireError::PackedNotUtf8),
+            (Ok(s), Some(last)) if **last == *s => last.clone(),
+            (Ok(s), _) => Arc::from(s),
+        };
+        last_sender = Some(sender.clone());
+        let number = u64::from_le_bytes(take_n(&mut r)?);
+        let head = record.split_to(record.len() - r.len()).freeze();
+        let client = ByteString::try_from(head.slice(client_at..client_at + client_len))
+            .map_err(|_| WireError::PackedNotUtf8)?;
         let mut msg = codec::read_message(record, clock)?;
         if let Some(m) = Arc::get_mut(&mut msg) {
-            m.origin_client = ByteString::from(client);
-            m.remote_id = Some(RemoteId { sender: sender.into(), number });
+            m.origin_client = client;
+            m.remote_id = Some(RemoteId { sender, number });
         }
         let scope = Scope { plain: flags & PLAIN != 0, groups };
         out.push(Incoming { msg, scope, relayed: flags & RELAYED != 0 });
@@ -201,9 +219,9 @@ pub(crate) fn unpack(mut packed: &[u8], clock: &UnixClock) -> Result<Vec<Incomin
 }
 
 /// Appends `b`, prefixed by its length.
-pub(crate) fn put(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-    out.extend_from_slice(b);
+pub(crate) fn put(out: &mut impl BufMut, b: &[u8]) {
+    out.put_u32_le(b.len() as u32);
+    out.put_slice(b);
 }
 
 /// Takes what [`put`] wrote from the front of `input`.
@@ -274,16 +292,42 @@ mod tests {
     }
 
     #[test]
+    fn each_message_of_a_frame_keeps_its_own_sender_and_publisher() {
+        let clock = UnixClock::read();
+        let mut frame = BytesMut::new();
+        let senders = [("n1@5", "a"), ("n1@5", "b"), ("n3@9", "c"), ("n1@5", "d")];
+        for (i, (sender, client)) in senders.iter().enumerate() {
+            let mut msg = message(vec![i as u8; 2]);
+            msg.origin_client = (*client).into();
+            msg.remote_id = (*sender != "n1@5").then(|| RemoteId { sender: (*sender).into(), number: 40 });
+            let fwd =
+                Forward { msg: Arc::new(msg), scope: Scope { plain: true, groups: vec![] }, id: i as u64 };
+            put_forward(&mut frame, "n1@5", &fwd, &clock);
+        }
+        let got = unpack(frame, &clock).unwrap();
+        let read: Vec<(String, u64, String, u8)> = got
+            .iter()
+            .map(|m| {
+                let id = m.msg.remote_id.clone().unwrap();
+                (id.sender.to_string(), id.number, m.msg.origin_client.to_string(), m.msg.payload[0])
+            })
+            .collect();
+        let want = [("n1@5", 0, "a", 0), ("n1@5", 1, "b", 1), ("n3@9", 40, "c", 2), ("n1@5", 3, "d", 3)];
+        let want: Vec<_> = want.iter().map(|(s, n, c, p)| (s.to_string(), *n, c.to_string(), *p)).collect();
+        assert_eq!(read, want);
+    }
+
+    #[test]
     fn a_record_made_in_place_is_the_record() {
         let fwd = Forward {
             msg: Arc::new(message(vec![5; 7])),
             scope: Scope { plain: true, groups: vec![] },
             id: 3,
         };
-        let (mut pushed, mut made, clock) = (Pack::default(), Pack::default(), UnixClock::read());
+        let (mut pushed, mut made, clock) = (Pack::default(), BytesMut::new(), UnixClock::read());
         pushed.push(&record("n1@5", &fwd, false, &clock));
-        made.push_forward("n1@5", &fwd, &clock);
-        assert_eq!(made.0, pushed.0);
+        put_forward(&mut made, "n1@5", &fwd, &clock);
+        assert_eq!(&made[..], &pushed.0[..]);
     }
 
     #[test]
@@ -295,7 +339,7 @@ mod tests {
         pack.push(&record("n1@5", &fwd, false, &clock));
         let whole = pack.0.clone();
         for cut in [1, 5, whole.len() - 1] {
-            assert!(unpack(&whole[..cut], &clock).is_err(), "cut at {cut}");
+            assert!(unpack(BytesMut::from(&whole[..cut]), &clock).is_err(), "cut at {cut}");
         }
     }
 
@@ -312,7 +356,7 @@ mod tests {
         bad.truncate(bad.len() - 4);
         let mut pack = Pack::default();
         pack.push(&bad);
-        let err = unpack(&pack.0, &clock).unwrap_err();
+        let err = unpack(BytesMut::from(&pack.0[..]), &clock).unwrap_err();
         assert!(matches!(err, WireError::Message(RecordError::TooShort)), "{err:?}");
         let source = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<RecordError>());
         assert!(source.is_some(), "{err:?}");

@@ -268,6 +268,9 @@ impl Broker {
             self.count_drop(d.enqueued);
             out.ticket = out.ticket.max(d.ticket);
             out.confirms.extend(d.confirm);
+            if let Some(waker) = d.wake {
+                out.wakes.push_remote(waker);
+            }
         }
     }
 

@@ -7,11 +7,13 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use braid_proto::{ReasonCode, SubscriptionOptions};
+use parking_lot::Mutex;
 
 use crate::message::{Message, StreamTag};
 use crate::session::{Enqueued, Session};
@@ -42,12 +44,27 @@ pub struct Forward {
 /// The other side's word on a message a remote subscriber took (a bridge that acknowledges a
 /// publisher only once the system it bridges to has the message): resolves to the reason code
 /// of the publisher's acknowledgement, Success or, for a v5 publisher, why it failed.
-pub struct Confirm(Pin<Box<dyn Future<Output = ReasonCode> + Send>>);
+pub struct Confirm(Word);
+
+/// Where a [`Confirm`]'s word comes from.
+enum Word {
+    /// A future of its own.
+    Future(Pin<Box<dyn Future<Output = ReasonCode> + Send>>),
+    /// A [`Watermark`] passing a number.
+    Passing(Arc<Watermark>, u64),
+}
 
 impl Confirm {
     /// A confirmation that `word` gives.
     pub fn new(word: impl Future<Output = ReasonCode> + Send + 'static) -> Confirm {
-        Confirm(Box::pin(word))
+        Confirm(Word::Future(Box::pin(word)))
+    }
+
+    /// A confirmation given once `mark` passes `n`: Success, or UnspecifiedError if the mark
+    /// is closed first. Costs no allocation: what a remote that confirms many messages in
+    /// order (a cluster link) hands out per message.
+    pub fn passing(mark: Arc<Watermark>, n: u64) -> Confirm {
+        Confirm(Word::Passing(mark, n))
     }
 }
 
@@ -55,13 +72,69 @@ impl Future for Confirm {
     type Output = ReasonCode;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ReasonCode> {
-        self.0.as_mut().poll(cx)
+        match &mut self.0 {
+            Word::Future(f) => f.as_mut().poll(cx),
+            Word::Passing(mark, n) => mark.poll_passed(*n, cx),
+        }
     }
 }
 
 impl fmt::Debug for Confirm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Confirm")
+    }
+}
+
+/// A count that only rises, and the tasks that wait for it to pass their number: one per
+/// sequence of messages confirmed in order (a cluster link's), so that a confirmation is a
+/// number, not a channel.
+#[derive(Debug, Default)]
+pub struct Watermark {
+    /// Every number below this one is confirmed.
+    reached: AtomicU64,
+    /// No number is confirmed any more.
+    closed: AtomicBool,
+    waiting: Mutex<Vec<Waker>>,
+}
+
+impl Watermark {
+    /// Confirms every number below `to`, and wakes those that wait.
+    pub fn raise(&self, to: u64) {
+        if self.reached.fetch_max(to, Ordering::AcqRel) < to {
+            self.wake_all();
+        }
+    }
+
+    /// Confirms nothing more: those waiting for a number not reached get UnspecifiedError.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake_all();
+    }
+
+    fn wake_all(&self) {
+        for waker in std::mem::take(&mut *self.waiting.lock()) {
+            waker.wake();
+        }
+    }
+
+    fn poll_passed(&self, n: u64, cx: &mut Context<'_>) -> Poll<ReasonCode> {
+        let word = || match () {
+            _ if self.reached.load(Ordering::Acquire) > n => Some(ReasonCode::Success),
+            _ if self.closed.load(Ordering::Acquire) => Some(ReasonCode::UnspecifiedError),
+            _ => None,
+        };
+        if let Some(reason) = word() {
+            return Poll::Ready(reason);
+        }
+        {
+            let mut waiting = self.waiting.lock();
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+        }
+        // Raised (or closed) between the first look and the registration: its wake-up may
+        // have missed the waker.
+        word().map_or(Poll::Pending, Poll::Ready)
     }
 }
 
@@ -75,12 +148,16 @@ pub struct Delivered {
     pub ticket: Ticket,
     /// What the publisher's acknowledgement waits for besides (None for most).
     pub confirm: Option<Confirm>,
+    /// The remote's worker, to be woken for this message once the publisher's read is done
+    /// and the router's lock released (see [`crate::session::Wakes`]); None if it needs no
+    /// wake-up (it is awake, or works otherwise).
+    pub wake: Option<Waker>,
 }
 
 impl Delivered {
     /// Taken, its acknowledgement waiting for `ticket` only.
     pub fn queued(ticket: Ticket) -> Delivered {
-        Delivered { enqueued: Enqueued::Queued, ticket, confirm: None }
+        Delivered { enqueued: Enqueued::Queued, ticket, confirm: None, wake: None }
     }
 }
 
@@ -194,5 +271,57 @@ impl SubEntry {
             overlaps: 0,
             stream: StreamTag::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Wake;
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Counter(AtomicU64);
+
+    impl Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn poll(confirm: &mut Confirm, waker: &Waker) -> Poll<ReasonCode> {
+        Pin::new(confirm).poll(&mut Context::from_waker(waker))
+    }
+
+    #[test]
+    fn a_confirmation_comes_once_the_watermark_passes_its_number() {
+        let mark = Arc::new(Watermark::default());
+        let counter = Arc::new(Counter::default());
+        let waker = Waker::from(counter.clone());
+        let mut third = Confirm::passing(mark.clone(), 2);
+        assert_eq!(poll(&mut third, &waker), Poll::Pending);
+        mark.raise(2);
+        assert_eq!(counter.0.load(Ordering::Relaxed), 1, "woken when the mark rose");
+        assert_eq!(poll(&mut third, &waker), Poll::Pending, "2 is not passed before 3");
+        mark.raise(1);
+        assert_eq!(counter.0.load(Ordering::Relaxed), 1, "a lower mark neither lowers it nor wakes");
+        mark.raise(3);
+        assert_eq!(poll(&mut third, &waker), Poll::Ready(ReasonCode::Success));
+        let mut first = Confirm::passing(mark.clone(), 0);
+        assert_eq!(poll(&mut first, &waker), Poll::Ready(ReasonCode::Success));
+    }
+
+    #[test]
+    fn a_closed_watermark_fails_what_it_did_not_reach() {
+        let mark = Arc::new(Watermark::default());
+        let counter = Arc::new(Counter::default());
+        let waker = Waker::from(counter.clone());
+        let (mut reached, mut not) = (Confirm::passing(mark.clone(), 4), Confirm::passing(mark.clone(), 5));
+        assert_eq!(poll(&mut not, &waker), Poll::Pending);
+        mark.raise(5);
+        mark.close();
+        assert!(counter.0.load(Ordering::Relaxed) >= 1);
+        assert_eq!(poll(&mut reached, &waker), Poll::Ready(ReasonCode::Success));
+        assert_eq!(poll(&mut not, &waker), Poll::Ready(ReasonCode::UnspecifiedError));
     }
 }

@@ -6,7 +6,7 @@ mod entry;
 mod shared;
 mod trie;
 
-pub use entry::{Confirm, Delivered, Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber};
+pub use entry::{Confirm, Delivered, Forward, RemoteRef, RemoteSink, Scope, SubEntry, Subscriber, Watermark};
 
 use std::cmp::Reverse;
 use std::sync::Arc;

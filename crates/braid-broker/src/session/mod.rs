@@ -12,6 +12,7 @@ mod state;
 mod subscriptions;
 
 use std::sync::Arc;
+use std::task::Waker;
 
 use once_cell::race::OnceBox;
 
@@ -48,20 +49,36 @@ pub struct Session {
 /// over a whole read of a publisher's packets, they wake each subscriber's connection once for
 /// all the read brought it: it then writes those deliveries together, rather than one at a
 /// time as another worker would pick each wake up. A session is in at most one `Wakes` at a
-/// time.
+/// time. Remote subscribers' workers (a cluster link's task) are gathered and woken alike.
 #[derive(Debug, Default)]
-pub struct Wakes(Vec<Arc<Session>>);
+pub struct Wakes {
+    sessions: Vec<Arc<Session>>,
+    remotes: Vec<Waker>,
+}
 
 impl Wakes {
-    /// Takes over the sessions of `other`.
+    /// Takes over the sessions and workers of `other`.
     pub fn append(&mut self, other: &mut Wakes) {
-        self.0.append(&mut other.0);
+        self.sessions.append(&mut other.sessions);
+        for waker in other.remotes.drain(..) {
+            self.push_remote(waker);
+        }
     }
 
-    /// Wakes the connections of every session gathered so far.
+    /// Adds a remote subscriber's worker (once, however often it is added).
+    pub fn push_remote(&mut self, waker: Waker) {
+        if !self.remotes.iter().any(|w| w.will_wake(&waker)) {
+            self.remotes.push(waker);
+        }
+    }
+
+    /// Wakes the connections of every session, and every worker, gathered so far.
     pub fn wake_all(&mut self) {
-        for session in self.0.drain(..) {
+        for session in self.sessions.drain(..) {
             session.wake_owed();
+        }
+        for waker in self.remotes.drain(..) {
+            waker.wake();
         }
     }
 }
@@ -113,7 +130,7 @@ impl Session {
         );
         if let Some(link) = st.link.as_mut().filter(|_| queued) {
             if !std::mem::replace(&mut link.wake_owed, true) {
-                wakes.0.push(self.clone());
+                wakes.sessions.push(self.clone());
             }
         }
         (r, st.ticket())

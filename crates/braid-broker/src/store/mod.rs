@@ -27,6 +27,8 @@ use crate::config::{StoreBackend, StoreConfig};
 pub mod codec {
     use std::sync::Arc;
 
+    use braid_proto::BytesMut;
+
     use super::{record, RecordError, SessionRecord, UnixClock};
     use crate::message::{Delivery, Message};
 
@@ -55,9 +57,15 @@ pub mod codec {
         record::retain(msg, clock)
     }
 
-    /// Reads [`message`]'s output (no publisher: origin 0).
-    pub fn read_message(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
-        record::read_retain(body, clock)
+    /// Appends [`message`]'s output to `out` (encoded in place).
+    pub fn put_message(out: &mut BytesMut, msg: &Message, clock: &UnixClock) {
+        record::put_retain(out, msg, clock)
+    }
+
+    /// Reads [`message`]'s output (no publisher: origin 0), its payload taken out of `body`
+    /// without a copy.
+    pub fn read_message(body: BytesMut, clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
+        record::read_retain_from(body, clock)
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use braid_proto::{
-    decode, encode, ByteString, BytesMut, Connect, LastWill, Packet, Properties, ProtocolVersion, Publish,
-    QoS, Subscribe,
+    decode, encode, encode_publish, ByteString, BytesMut, Connect, LastWill, Packet, Properties,
+    ProtocolVersion, PublishView, QoS, Subscribe,
 };
 
 use super::backend::{SessionRecord, Stage, SubscriptionRecord};
@@ -115,8 +115,31 @@ fn put_blob(out: &mut Vec<u8>, packet: &Packet) {
     out.extend_from_slice(&buf);
 }
 
+/// Appends `msg` as a blob, its PUBLISH encoded in place.
+fn put_message(out: &mut BytesMut, msg: &Message) {
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let view = PublishView {
+        dup: false,
+        qos: msg.qos,
+        retain: msg.retain,
+        topic: &msg.topic,
+        packet_id: u16::from(msg.qos != QoS::AtMostOnce),
+        properties: &msg.properties,
+        payload: &msg.payload,
+    };
+    // Packets built here from accepted state always encode.
+    let _ = encode_publish(&view, ProtocolVersion::V5, out);
+    let len = (out.len() - at - 4) as u32;
+    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+}
+
 fn get_packet(blob: &[u8]) -> Result<Packet, RecordError> {
-    let mut buf = BytesMut::from(blob);
+    get_packet_from(BytesMut::from(blob))
+}
+
+/// The packet of a blob, its payload taken out of `buf` without a copy.
+fn get_packet_from(mut buf: BytesMut) -> Result<Packet, RecordError> {
     match decode(&mut buf, ProtocolVersion::V5, u32::MAX) {
         Ok(Some(p)) => Ok(p),
         Ok(None) => Err(RecordError::IncompletePacket),
@@ -190,20 +213,8 @@ fn instant_of(ms: u64, clock: &UnixClock) -> Option<Instant> {
     (ms != 0).then(|| clock.instant(ms))
 }
 
-fn message_packet(msg: &Message) -> Packet {
-    Packet::Publish(Publish {
-        dup: false,
-        qos: msg.qos,
-        retain: msg.retain,
-        topic: msg.topic.clone(),
-        packet_id: u16::from(msg.qos != QoS::AtMostOnce),
-        properties: msg.properties.clone(),
-        payload: msg.payload.clone(),
-    })
-}
-
-fn message_from(blob: &[u8], expires_ms: u64, clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
-    let Packet::Publish(p) = get_packet(blob)? else {
+fn message_from(blob: BytesMut, expires_ms: u64, clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
+    let Packet::Publish(p) = get_packet_from(blob)? else {
         return Err(RecordError::WrongPacket { record: "record", packet: "PUBLISH" });
     };
     Ok(Arc::new(Message {
@@ -282,11 +293,11 @@ const SHARED: u8 = 0x80;
 /// any further ones (a merged delivery's) follow it, where older records end. The message's
 /// expiry is kept in Unix time, by `clock`.
 pub(super) fn append(session: u64, seq: u64, d: &Delivery, clock: &UnixClock) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + d.msg.topic.len() + d.msg.payload.len());
+    let mut out = BytesMut::with_capacity(64 + d.msg.topic.len() + d.msg.payload.len());
     out.extend_from_slice(&session.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
-    out.push(d.qos as u8 | if d.group.is_some() { SHARED } else { 0 });
-    out.push(u8::from(d.retain));
+    out.extend_from_slice(&[d.qos as u8 | if d.group.is_some() { SHARED } else { 0 }]);
+    out.extend_from_slice(&[u8::from(d.retain)]);
     if let Some(group) = &d.group {
         out.extend_from_slice(&(group.len() as u32).to_le_bytes());
         out.extend_from_slice(group.as_bytes());
@@ -294,11 +305,11 @@ pub(super) fn append(session: u64, seq: u64, d: &Delivery, clock: &UnixClock) ->
     let ids = d.sub_ids.as_slice();
     out.extend_from_slice(&ids.first().copied().unwrap_or(0).to_le_bytes());
     out.extend_from_slice(&unix_ms(d.msg.expires_at, clock).to_le_bytes());
-    put_blob(&mut out, &message_packet(&d.msg));
+    put_message(&mut out, &d.msg);
     for id in ids.iter().skip(1) {
         out.extend_from_slice(&id.to_le_bytes());
     }
-    out
+    out.into()
 }
 
 /// Session and sequence number at the start of an APPEND, STAGE or DONE body.
@@ -320,7 +331,7 @@ pub(super) fn read_append(body: &[u8], clock: &UnixClock) -> Result<(u64, Delive
     };
     let first = r.u32()?;
     let expires = r.u64()?;
-    let msg = message_from(r.blob()?, expires, clock)?;
+    let msg = message_from(BytesMut::from(r.blob()?), expires, clock)?;
     let sub_ids = std::iter::once(first).chain(std::iter::from_fn(|| r.u32().ok())).collect();
     Ok((seq, Delivery { msg, qos, retain, sub_ids, seq, stream: Default::default(), group }))
 }
@@ -370,16 +381,32 @@ pub(super) fn read_qos2(body: &[u8]) -> Result<(u64, u16, bool), RecordError> {
 
 /// Body of a RETAIN record (its expiry in Unix time, by `clock`).
 pub(super) fn retain(msg: &Message, clock: &UnixClock) -> Vec<u8> {
-    let mut out = unix_ms(msg.expires_at, clock).to_le_bytes().to_vec();
-    put_blob(&mut out, &message_packet(msg));
-    out
+    let mut out = BytesMut::with_capacity(32 + msg.topic.len() + msg.payload.len());
+    put_retain(&mut out, msg, clock);
+    out.into()
+}
+
+/// Appends [`retain`]'s body to `out`.
+pub(super) fn put_retain(out: &mut BytesMut, msg: &Message, clock: &UnixClock) {
+    out.extend_from_slice(&unix_ms(msg.expires_at, clock).to_le_bytes());
+    put_message(out, msg);
 }
 
 /// Reads a RETAIN record body (its expiry converted by `clock`).
 pub(super) fn read_retain(body: &[u8], clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
-    let mut r = Reader(body);
-    let expires = r.u64()?;
-    message_from(r.blob()?, expires, clock)
+    read_retain_from(BytesMut::from(body), clock)
+}
+
+/// Reads a RETAIN record body, its payload taken out of `body` without a copy.
+pub(super) fn read_retain_from(mut body: BytesMut, clock: &UnixClock) -> Result<Arc<Message>, RecordError> {
+    let (expires, len) = {
+        let mut r = Reader(&body);
+        let expires = r.u64()?;
+        (expires, r.blob()?.len())
+    };
+    let _ = body.split_to(12);
+    body.truncate(len);
+    message_from(body, expires, clock)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::{PrivateKeyDer, ServerName};
+use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -24,8 +25,13 @@ use braid_broker::config::ClusterConfig;
 /// ALPN protocol id of a link.
 const ALPN: &[u8] = b"braid-cluster/1";
 
-/// A link's TLS stream, either side.
-pub(crate) type LinkStream = tokio_rustls::TlsStream<TcpStream>;
+/// A link's TLS stream, either side. Reads from the socket go through a buffer of
+/// [`READ_BUFFER`] bytes: rustls asks for at most a few KiB at a time, which would be a
+/// system call for every few messages.
+pub(crate) type LinkStream = tokio_rustls::TlsStream<BufReader<TcpStream>>;
+
+/// How much a link reads from its socket at once.
+const READ_BUFFER: usize = 256 << 10;
 
 /// The node's listening socket and its TLS configurations.
 pub(crate) struct Endpoint {
@@ -91,7 +97,7 @@ impl Endpoint {
 
     /// Its TLS handshake, as the listening side.
     pub(crate) async fn accept_tls(&self, stream: TcpStream) -> std::io::Result<LinkStream> {
-        Ok(self.acceptor.accept(stream).await?.into())
+        Ok(self.acceptor.accept(BufReader::with_capacity(READ_BUFFER, stream)).await?.into())
     }
 
     /// Connects to `addr`, the link to node `node`, and makes the TLS handshake.
@@ -99,7 +105,7 @@ impl Endpoint {
         let stream = TcpStream::connect(addr).await?;
         self.tune(&stream);
         let name = ServerName::try_from(node.to_string()).map_err(std::io::Error::other)?;
-        Ok(self.connector.connect(name, stream).await?.into())
+        Ok(self.connector.connect(name, BufReader::with_capacity(READ_BUFFER, stream)).await?.into())
     }
 
     /// No delay for small frames (acknowledgements), and a peer that stops acknowledging what

@@ -140,7 +140,7 @@ async fn receive(
             Some(Err(e)) => return Err(format!("connection lost: {e}")),
             None => return Ok(()),
         };
-        let messages = match wire::unpack(&frame, shared.store.clock()) {
+        let messages = match wire::unpack(frame, shared.store.clock()) {
             Ok(m) => m,
             Err(e) => return Err(format!("a frame that does not read: {e}")),
         };

@@ -23,17 +23,17 @@ mod outgoing;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Wake, Waker};
 
 use parking_lot::Mutex;
 use tokio::io::{ReadHalf, WriteHalf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::Notify;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use braid_broker::broker::Broker;
 use braid_broker::config::ClusterConfig;
-use braid_broker::router::{Confirm, Forward};
+use braid_broker::router::{Confirm, Forward, Watermark};
 use braid_broker::store::Ticket;
-use braid_proto::ReasonCode;
 
 use crate::{ClusterError, Shared};
 
@@ -43,8 +43,10 @@ pub(crate) use incoming::accept;
 /// may be larger (up to MQTT's largest packet).
 const MAX_FRAME: usize = 300 << 20;
 
-/// A sender closes a frame once it holds this many bytes.
-const FRAME_BYTES: usize = 256 << 10;
+/// A sender closes a frame once it holds this many bytes. The receiver's messages keep their
+/// payloads in the frame they came in (no copy), so a frame is as large as a client
+/// connection's largest read: a message held long keeps no more than that alive.
+const FRAME_BYTES: usize = 64 << 10;
 
 /// The links of this node: its endpoint, the address it advertises and a link per peer.
 #[derive(Debug)]
@@ -74,14 +76,12 @@ impl Links {
             .lock()
             .entry(node.to_string())
             .or_insert_with(|| {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let link = Arc::new(Link::new(node, tx));
+                let link = Arc::new(Link::new(node));
                 tokio::spawn(outgoing::run(
                     shared.clone(),
                     broker.shutdown().clone(),
                     self.endpoint.clone(),
                     link.clone(),
-                    rx,
                 ));
                 link
             })
@@ -96,15 +96,26 @@ impl Links {
     }
 }
 
-/// A message for a link (encoded by the link's task, off the publisher's path) and, for QoS
-/// 1/2, who waits for it to be safe: told 0 once the peer acknowledged it, or the store ticket
-/// of its write to the peer's Redis inbox when the link could not carry it.
+/// A message for a link (encoded by the link's task, off the publisher's path), numbered in
+/// the order the link was handed its messages.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
+    n: u64,
     fwd: Forward,
-    ack: Option<oneshot::Sender<Ticket>>,
+    /// A QoS 1/2 message: its publisher waits for [`Link::safe`] to pass `n`.
+    confirmed: bool,
     /// Not sent before this store ticket is durable (see [`Link::send_confirmed`]).
     after: Ticket,
+}
+
+/// What the router handed a link and its task has not taken yet.
+#[derive(Debug, Default)]
+struct Queue {
+    items: Vec<Outgoing>,
+    /// The number the next message gets.
+    next: u64,
+    /// The task has ended: nothing more is taken.
+    closed: bool,
 }
 
 /// The link to one peer, as the node's router uses it: whatever is sent goes over the link
@@ -113,7 +124,13 @@ pub(crate) struct Outgoing {
 pub(crate) struct Link {
     /// The peer.
     pub node: String,
-    tx: mpsc::UnboundedSender<Outgoing>,
+    queue: Mutex<Queue>,
+    /// Wakes the link's task when its queue gets a message, through [`Link::waker`].
+    ready: Arc<Ready>,
+    waker: Waker,
+    /// Every message numbered below it is safe: acknowledged by the peer, or durable in its
+    /// Redis inbox. A QoS 1/2 publisher's confirmation waits for it to pass its message.
+    safe: Arc<Watermark>,
     up: AtomicBool,
     /// Messages sent over the link, and sent through Redis instead.
     sent: AtomicU64,
@@ -123,10 +140,14 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    fn new(node: &str, tx: mpsc::UnboundedSender<Outgoing>) -> Link {
+    fn new(node: &str) -> Link {
+        let ready = Arc::new(Ready::default());
         Link {
             node: node.to_string(),
-            tx,
+            queue: Mutex::new(Queue::default()),
+            waker: Waker::from(ready.clone()),
+            ready,
+            safe: Arc::new(Watermark::default()),
             up: AtomicBool::new(false),
             sent: AtomicU64::new(0),
             fell_back: AtomicU64::new(0),
@@ -134,9 +155,10 @@ impl Link {
         }
     }
 
-    /// Sends a QoS 0 message: no acknowledgement, at most once.
-    pub(crate) fn send(&self, fwd: Forward) {
-        let _ = self.tx.send(Outgoing { fwd, ack: None, after: 0 });
+    /// Sends a QoS 0 message: no acknowledgement, at most once. Returns the link task's waker
+    /// if it is to be woken for it (see [`Link::hand`]).
+    pub(crate) fn send(&self, fwd: Forward) -> Option<Waker> {
+        self.hand(fwd, false, 0).1
     }
 
     /// Sends a QoS 1/2 message, once store ticket `after` is durable (0: at once);
@@ -146,20 +168,30 @@ impl Link {
     /// `after` keeps exactly once across a publishing node's death: a QoS 2 message leaves only
     /// once its persistent publisher's packet id is in Redis, so a PUBLISH resent to another node
     /// is known there, as when the message went through the inbox in the same pipeline.
-    pub(crate) fn send_confirmed(&self, shared: &Arc<Shared>, fwd: Forward, after: Ticket) -> Confirm {
-        let (ack, acked) = oneshot::channel();
-        let _ = self.tx.send(Outgoing { fwd, ack: Some(ack), after });
-        let shared = shared.clone();
-        Confirm::new(async move {
-            match acked.await {
-                Ok(ticket) => {
-                    shared.store.wait_durable(ticket).await;
-                    ReasonCode::Success
-                }
-                // The link's task is gone (it hands everything on before it ends).
-                Err(_) => ReasonCode::UnspecifiedError,
-            }
-        })
+    pub(crate) fn send_confirmed(&self, fwd: Forward, after: Ticket) -> (Confirm, Option<Waker>) {
+        let (n, wake) = self.hand(fwd, true, after);
+        (Confirm::passing(self.safe.clone(), n), wake)
+    }
+
+    /// Queues a message for the link's task; returns its number, and the task's waker if the
+    /// queue was empty: the publish path wakes it once its locks are released, for all the
+    /// publisher's read brought (not under the router's lock, nor once per message).
+    fn hand(&self, fwd: Forward, confirmed: bool, after: Ticket) -> (u64, Option<Waker>) {
+        let mut q = self.queue.lock();
+        let n = q.next;
+        q.next += 1;
+        // The task is gone (shutting down): the confirmation fails, as the watermark is
+        // closed.
+        if q.closed {
+            return (n, None);
+        }
+        q.items.push(Outgoing { n, fwd, confirmed, after });
+        (n, (q.items.len() == 1).then(|| self.waker.clone()))
+    }
+
+    /// Whatever the router handed the link since the last call, in order.
+    fn take(&self, into: &mut Vec<Outgoing>) {
+        std::mem::swap(&mut self.queue.lock().items, into);
     }
 
     /// True while the link is up.
@@ -171,6 +203,20 @@ impl Link {
     pub(crate) fn counts(&self) -> (u64, u64, u64) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         (get(&self.sent), get(&self.fell_back), get(&self.connects))
+    }
+}
+
+/// What wakes a link's task: a [`Notify`] behind a [`Waker`].
+#[derive(Debug, Default)]
+struct Ready(Notify);
+
+impl Wake for Ready {
+    fn wake(self: Arc<Self>) {
+        self.0.notify_one();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.notify_one();
     }
 }
 
