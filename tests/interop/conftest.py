@@ -117,6 +117,19 @@ def toml_value(v):
     return json.dumps(str(v))
 
 
+def serve_refused(data_dir, **settings):
+    """Runs `braid serve` with `--set key=value` for each of `settings` (Python values, as TOML),
+    expecting it to refuse the configuration (exit status 2); returns its stderr, which names
+    the problem."""
+    cmd = [BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
+           "--set", f"store.data_dir={toml_value(str(data_dir))}"]
+    for key, value in settings.items():
+        cmd += ["--set", f"{key}={toml_value(value)}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2, r.stderr
+    return r.stderr
+
+
 @pytest.fixture
 def broker():
     """A broker with default settings (plus a 1 s $SYS interval)."""

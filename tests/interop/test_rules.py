@@ -9,7 +9,7 @@ import time
 import pytest
 
 import helpers
-from conftest import BRAID_BIN, free_port
+from conftest import serve_refused
 from test_admin_api import Api, admin_broker, metric
 
 pytestmark = pytest.mark.braid_only
@@ -79,12 +79,8 @@ def test_the_rule_tester_answers_the_output_or_names_the_problem(make_broker):
     ({**HOT, "actions": []}, "rules[0].actions", "at least one action"),
 ])
 def test_a_rule_that_does_not_compile_stops_the_start_naming_key_and_problem(rule, key, words, tmp_path):
-    value = "[{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in rule.items()) + "}]"
-    r = subprocess.run([BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
-                        "--set", f"store.data_dir={json.dumps(str(tmp_path))}", "--set", f"rules={value}"],
-                       capture_output=True, text=True, timeout=20)
-    assert r.returncode != 0
-    assert key in r.stderr and words in r.stderr, r.stderr
+    stderr = serve_refused(tmp_path, rules=[rule])
+    assert key in stderr and words in stderr, stderr
 
 
 def test_client_events_are_rule_sources(make_broker, connect):
@@ -147,8 +143,5 @@ def test_a_republish_sink_templates_payload_qos_retain_and_user_properties(make_
 
 def test_a_republish_sink_with_a_url_is_refused(tmp_path):
     sink = {"name": "again", "type": "republish", "topic": "a", "url": "mqtt://h"}
-    value = "[{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in sink.items()) + "}]"
-    r = subprocess.run([BRAID_BIN, "serve", "--listen", f"127.0.0.1:{free_port()}",
-                        "--set", f"store.data_dir={json.dumps(str(tmp_path))}", "--set", f"sinks={value}"],
-                       capture_output=True, text=True, timeout=20)
-    assert r.returncode == 2 and "sinks[0].url" in r.stderr and "no url" in r.stderr, r.stderr
+    stderr = serve_refused(tmp_path, sinks=[sink])
+    assert "sinks[0].url" in stderr and "no url" in stderr, stderr

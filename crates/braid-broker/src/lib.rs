@@ -20,6 +20,7 @@ pub mod message;
 pub mod metrics;
 pub mod report;
 pub mod retained;
+pub mod rewrite;
 pub mod router;
 pub mod rule_book;
 pub mod rules;

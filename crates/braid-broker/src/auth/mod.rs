@@ -397,6 +397,11 @@ impl ConnectionAcl<'_> {
         }
     }
 
+    /// The client's user name, if it gave one.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
     /// May this connection publish to `topic`?
     pub fn may_publish(&mut self, topic: &str) -> bool {
         self.refresh();

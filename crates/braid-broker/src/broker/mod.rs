@@ -47,6 +47,7 @@ use crate::limits::MemoryAlarm;
 use crate::metrics::Metrics;
 use crate::report::Report;
 use crate::retained::Retained;
+use crate::rewrite::Rewrites;
 use crate::router::{Confirm, Router};
 use crate::rules::Rules;
 use crate::session::{Restore, Session, Wakes};
@@ -113,6 +114,8 @@ pub struct Broker {
     /// `rules`' events ([`Rules::events`]), read with one relaxed load on the publish and
     /// acknowledgement paths, before (and mostly instead of) loading the rules.
     rule_events: AtomicU16,
+    /// Topic rewrite rules (`[[rewrite]]`).
+    rewrites: Rewrites,
 }
 
 impl Broker {
@@ -120,6 +123,12 @@ impl Broker {
     /// now: [`Broker::live`]).
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The topic rewrite rules (`[[rewrite]]`), applied to what clients publish, subscribe to
+    /// and unsubscribe from.
+    pub fn rewrites(&self) -> &Rewrites {
+        &self.rewrites
     }
 
     /// Counters for `$SYS` and `/metrics`.
@@ -323,6 +332,11 @@ impl Broker {
         let compiled_rules = Rules::compile(&config.rules, &config.sinks, node, clock.unix_ms(started));
         let (sinks, _) = watch::channel(Arc::from(config.sinks.as_slice()));
         let rule_events = AtomicU16::new(compiled_rules.events());
+        // A configuration that was loaded is checked already; one made in code is checked here.
+        let rewrites = Rewrites::compile(&config.rewrite).unwrap_or_else(|e| {
+            tracing::error!("topic rewrite is off: {e}");
+            Rewrites::default()
+        });
         let broker = Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),
@@ -348,6 +362,7 @@ impl Broker {
             rules: ArcSwap::from_pointee(compiled_rules),
             sinks,
             rule_events,
+            rewrites,
         });
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker

@@ -1,20 +1,23 @@
 //! SUBSCRIBE, UNSUBSCRIBE and PUBLISH: the router and the retained store on one side, the
 //! target sessions on the other.
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::{
-    ByteString, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck,
-    Unsubscribe,
+    ByteString, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe,
+    SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 
 use super::{split_filter, Broker, Holder, Published};
-use crate::auth::ConnectionAcl;
+use crate::auth::{ConnectionAcl, Identity};
+use crate::config::Client;
 use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
+use crate::rewrite::Sender;
 use crate::router::{Forward, RemoteRef, Scope, SubEntry, Subscriber, Target};
 use crate::session::{Enqueued, OtherMembers, Session, Wakes};
 use crate::store::{Op, SubscriptionRecord, Ticket};
@@ -40,14 +43,24 @@ impl Broker {
         let mut retained_for = Vec::new();
         let mut subscribed = self.rules_take(Event::SessionSubscribed).then(Vec::new);
         for (filter, mut options) in sub.filters {
-            let Some((inner, group)) = split_filter(&filter) else {
+            let Some((inner, _)) = split_filter(&filter) else {
                 reasons.push(ReasonCode::TopicFilterInvalid);
                 continue;
             };
+            // The ACL sees the filter as the client sent it, then it is rewritten (as EMQX).
             if let Some(refused) = self.refuse_filter(session, &filter, inner, acl) {
                 reasons.push(refused);
                 continue;
             }
+            let sender = Sender { client_id: &session.client_id, username: acl.username() };
+            let filter = match self.rewrites.rewrite_filter(&filter, sender) {
+                Some(rewritten) => ByteString::from(rewritten),
+                None => filter,
+            };
+            let Some((inner, group)) = split_filter(&filter) else {
+                reasons.push(ReasonCode::TopicFilterInvalid);
+                continue;
+            };
             options.qos = options.qos.min(QoS::from_u8(self.config.mqtt.max_qos).unwrap_or(QoS::ExactlyOnce));
             let merge_overlaps = !version.is_v5();
             let to = Subscriber::Session(session.clone());
@@ -89,6 +102,35 @@ impl Broker {
             }
         }
         SubAck { packet_id: sub.packet_id, properties: Properties::default(), reasons }
+    }
+
+    /// Subscribes the client of `session` (user `username`, at `peer`) to the
+    /// `[[auto_subscribe]]` topics, as a SUBSCRIBE of version `version` from it would, past the
+    /// ACL (the operator's choice, as EMQX's auto-subscribe); retained messages come as a
+    /// subscription's Retain Handling says. Returns the filters refused (a limit reached).
+    pub fn auto_subscribe(
+        &self,
+        session: &Arc<Session>,
+        version: ProtocolVersion,
+        username: Option<&str>,
+        peer: SocketAddr,
+        now: Instant,
+    ) -> Vec<ByteString> {
+        let client = Client { client_id: &session.client_id, username, peer };
+        let filters: Vec<(ByteString, SubscriptionOptions)> = (self.config.auto_subscribe.iter())
+            .filter_map(|e| Some((ByteString::from(e.filter_for(client)?), e.options())))
+            .collect();
+        if filters.is_empty() {
+            return Vec::new();
+        }
+        let wanted: Vec<ByteString> = filters.iter().map(|(f, _)| f.clone()).collect();
+        let sub = Subscribe { packet_id: 1, properties: Properties::default(), filters };
+        let seed =
+            self.security.seed(Identity::unrestricted(username.unwrap_or_default()), &session.client_id);
+        let mut acl = self.security.resume_acl(seed, &session.client_id);
+        let ack = self.subscribe(session, version, sub, &mut acl, StreamTag::default(), now);
+        let refused = |r: &ReasonCode| (*r as u8) >= 0x80;
+        wanted.into_iter().zip(ack.reasons).filter(|(_, r)| refused(r)).map(|(f, _)| f).collect()
     }
 
     /// Why a new subscription to `filter` (inner filter `inner`) is refused, if it is.

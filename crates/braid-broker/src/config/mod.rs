@@ -7,12 +7,14 @@
 //! file merges the sources and checks what spans sections.
 
 mod admin;
+mod auto_subscribe;
 mod bridges;
 mod cluster;
 mod error;
 mod limits;
 mod listeners;
 mod mqtt;
+mod rewrite;
 mod rules;
 mod runtime;
 mod security;
@@ -29,6 +31,7 @@ use figment::{Figment, Provider};
 use serde::{Deserialize, Serialize};
 
 pub use admin::AdminConfig;
+pub use auto_subscribe::{AutoSubscribeConfig, Client};
 pub use bridges::{BridgesConfig, KafkaAck, KafkaBridgeConfig, KafkaIn, KafkaOut, MqttBridgeConfig};
 pub use cluster::{ClusterConfig, PartitionPolicy};
 pub use error::ConfigError;
@@ -39,6 +42,7 @@ pub use mqtt::{
     ListenerPolicies, MqttConfig, OverflowPolicy, Overlapping, QueuePolicy, SessionConfig, SharedConfig,
     SharedStrategy, SysConfig,
 };
+pub use rewrite::{DestPart, RewriteAction, RewriteConfig, RewriteRule};
 pub use rules::RuleConfig;
 pub use runtime::{LogConfig, RuntimeConfig};
 pub use security::{AclConfig, AclPolicy, AuthConfig, DeniedPublish};
@@ -85,6 +89,10 @@ pub struct Config {
     pub rules: Vec<RuleConfig>,
     /// Where rules send their outputs (`[[sinks]]`, see `docs/rules.md`).
     pub sinks: Vec<SinkConfig>,
+    /// Topic rewrite rules (`[[rewrite]]`, see `docs/mqtt.md`).
+    pub rewrite: Vec<RewriteConfig>,
+    /// Subscriptions every client gets at connect (`[[auto_subscribe]]`, see `docs/mqtt.md`).
+    pub auto_subscribe: Vec<AutoSubscribeConfig>,
 }
 
 impl Config {
@@ -148,6 +156,8 @@ impl Config {
         self.store.validate()?;
         admin::validate(self)?;
         check_rules(&self.rules, &self.sinks)?;
+        rewrite::validate(&self.rewrite)?;
+        auto_subscribe::validate(&self.auto_subscribe)?;
         self.cluster.validate()
     }
 }

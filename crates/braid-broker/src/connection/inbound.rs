@@ -20,6 +20,7 @@ use crate::directory::Waiting;
 use crate::limits::{topic_too_big, PublishLimiter};
 use crate::message::{Message, StreamTag};
 use crate::metrics::Metrics;
+use crate::rewrite::{Rewriting, Sender};
 use crate::router::Confirm;
 use crate::rules::Publisher;
 use crate::session::{Qos2Ids, Session, Wakes};
@@ -338,7 +339,13 @@ impl<'a> Inbound<'a> {
                 self.subscribe(s, now, out);
                 None
             }
-            Packet::Unsubscribe(u) => {
+            Packet::Unsubscribe(mut u) => {
+                let sender = Sender { client_id: &self.session.client_id, username: self.acl.username() };
+                for filter in &mut u.filters {
+                    if let Some(rewritten) = self.broker.rewrites().rewrite_filter(filter, sender) {
+                        *filter = rewritten.into();
+                    }
+                }
                 let ack = self.broker.unsubscribe(&self.session, self.version, u, now);
                 self.ack_change(Packet::UnsubAck(ack), out);
                 None
@@ -456,6 +463,11 @@ impl<'a> Inbound<'a> {
                 QoS::ExactlyOnce => self.reply(&Packet::PubRec(ack), out),
             }
             return Flow::Continue;
+        }
+        // The ACL saw the topic as the client sent it; now it is rewritten (as EMQX).
+        let sender = Sender { client_id: &self.session.client_id, username: self.acl.username() };
+        if let Some(topic) = self.broker.rewrites().rewrite(Rewriting::Publish, &p.topic, sender) {
+            p.topic = topic.into();
         }
         let msg = Message::from_publish(p, now, self.session.id, self.session.client_id.clone());
         let (ack, mut ticket) = match qos {

@@ -234,6 +234,14 @@ async fn admit_counted(
             Err(_) => {}
         }
     }
+    if matches!(via, Via::Listener { .. }) && !broker.config().auto_subscribe.is_empty() {
+        let session = &accepted.session;
+        let username = origin.username.as_deref();
+        let refused = broker.auto_subscribe(session, connect.protocol, username, peer, Instant::now());
+        if !refused.is_empty() {
+            info!(%peer, %client_id, ?refused, "auto-subscribe: subscriptions refused (a limit reached)");
+        }
+    }
     debug!(%peer, %client_id, version = ?connect.protocol, user = ?origin.username, "client connected");
     Ok((accepted, connack, acl))
 }
