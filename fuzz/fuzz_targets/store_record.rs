@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use braid_broker::store::{codec, UnixClock};
+use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -24,9 +25,10 @@ fuzz_target!(|data: &[u8]| {
             (once.clone(), codec::delivery(&codec::read_delivery(&once, &clock).expect("reads back"), &clock))
         }
         _ => {
-            let Ok(m) = codec::read_message(body, &clock) else { return };
+            let Ok(m) = codec::read_message(BytesMut::from(body), &clock) else { return };
             let once = codec::message(&m, &clock);
-            (once.clone(), codec::message(&codec::read_message(&once, &clock).expect("reads back"), &clock))
+            let again = codec::read_message(BytesMut::from(&once[..]), &clock).expect("reads back");
+            (once.clone(), codec::message(&again, &clock))
         }
     };
     assert_eq!(once, twice, "a record written again differs");
