@@ -16,6 +16,7 @@
 pub mod admin;
 mod lifecycle;
 pub mod live;
+mod presence;
 mod pubsub;
 mod recovery;
 mod registry;
@@ -26,7 +27,7 @@ mod timers;
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU16, AtomicU64};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -331,7 +332,7 @@ impl Broker {
         let node = config.cluster.enabled.then_some(config.cluster.node.as_str());
         let compiled_rules = Rules::compile(&config.rules, &config.sinks, node, clock.unix_ms(started));
         let (sinks, _) = watch::channel(Arc::from(config.sinks.as_slice()));
-        let rule_events = AtomicU16::new(compiled_rules.events());
+        let rule_events = AtomicU16::new(0);
         // A configuration that was loaded is checked already; one made in code is checked here.
         let rewrites = Rewrites::compile(&config.rewrite).unwrap_or_else(|e| {
             tracing::error!("topic rewrite is off: {e}");
@@ -364,6 +365,7 @@ impl Broker {
             rule_events,
             rewrites,
         });
+        broker.rule_events.store(broker.rules.load().events() | broker.presence_events(), Ordering::Relaxed);
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker
     }

@@ -24,6 +24,7 @@ use crate::config::{RuleConfig, SinkConfig};
 use crate::message::{Delivery, Message};
 use crate::rules::{Actions, Publisher, Rules, SinkOutbox};
 use crate::session::{Enqueued, Origin, Session, SessionState};
+use crate::transport_kind::Transport;
 
 impl Broker {
     /// The rules in force, with their counters.
@@ -41,12 +42,23 @@ impl Broker {
     /// counters; the sinks' workers follow ([`Broker::sinks`]).
     pub fn install_rules(&self, rules: &[RuleConfig], sinks: &[SinkConfig]) {
         let compiled = self.rules.load().recompile(rules, sinks);
-        self.rule_events.store(compiled.events(), Ordering::Relaxed);
+        self.rule_events.store(compiled.events() | self.presence_events(), Ordering::Relaxed);
         self.rules.store(Arc::new(compiled));
         self.sinks.send_replace(Arc::from(sinks));
     }
 
-    /// True when a rule takes `event` ([`Event::MessagePublish`]: some rule has topic filters):
+    /// The client events presence (`sys.presence`) takes, as [`Broker::rules_take`] reads
+    /// them: the paths that raise them then do.
+    pub(super) fn presence_events(&self) -> u16 {
+        let bits = 1 << Event::ClientConnected as u8 | 1 << Event::ClientDisconnected as u8;
+        if self.config.sys.presence {
+            bits
+        } else {
+            0
+        }
+    }
+
+    /// True when a rule (or presence) takes `event` ([`Event::MessagePublish`]: some rule has topic filters):
     /// one relaxed load, so that paths that run for every message or acknowledgement pay
     /// nothing more when no rule takes them.
     pub fn rules_take(&self, event: Event) -> bool {
@@ -124,15 +136,17 @@ impl Actions for Effects<'_> {
 /// Who a client event is about: what its connection told the broker.
 #[derive(Debug, Clone)]
 pub(super) struct Who {
-    username: Option<Box<str>>,
-    peer: SocketAddr,
-    version: ProtocolVersion,
+    pub(super) username: Option<Box<str>>,
+    pub(super) peer: SocketAddr,
+    pub(super) version: ProtocolVersion,
+    /// The listener it came through (None: in-process).
+    pub(super) transport: Option<Transport>,
 }
 
 impl Who {
     /// A client that came from `origin` speaking `version`.
     pub(super) fn new(origin: &Origin, version: ProtocolVersion) -> Who {
-        Who { username: origin.username.clone(), peer: origin.peer, version }
+        Who { username: origin.username.clone(), peer: origin.peer, version, transport: origin.transport }
     }
 
     /// The attached connection of `st`, if any.
@@ -141,12 +155,20 @@ impl Who {
     }
 
     fn proto(&self) -> [(&'static str, Value); 3] {
-        let name = if self.version == ProtocolVersion::V3_1 { "MQIsdp" } else { "MQTT" };
         [
             ("peername", Value::from(self.peer.to_string())),
-            ("proto_name", Value::from(name)),
+            ("proto_name", Value::from(self.proto_name())),
             ("proto_ver", Value::from(self.version as u8)),
         ]
+    }
+
+    /// The protocol's name, as its CONNECT gave it.
+    pub(super) fn proto_name(&self) -> &'static str {
+        if self.version == ProtocolVersion::V3_1 {
+            "MQIsdp"
+        } else {
+            "MQTT"
+        }
     }
 }
 
@@ -162,14 +184,19 @@ impl Broker {
         now: Instant,
     ) {
         let at = self.clock.unix_ms(now) as i64;
-        let mut fields: Vec<(&str, Value)> = who.proto().into();
-        fields.extend([
+        let session = [
             ("keepalive", Value::from(keep_alive)),
             ("clean_start", Value::from(connect.clean_start)),
             ("expiry_interval", Value::from(expiry)),
-            ("is_bridge", Value::from(false)),
-            ("connected_at", Value::from(at)),
-        ]);
+        ];
+        if self.config.sys.presence {
+            let mut fields = session.to_vec();
+            fields.extend([("connack", Value::from(0)), ("connected_at", Value::from(at))]);
+            self.announce_presence(client_id, who, "connected", &fields, now);
+        }
+        let mut fields: Vec<(&str, Value)> = who.proto().into();
+        fields.extend(session);
+        fields.extend([("is_bridge", Value::from(false)), ("connected_at", Value::from(at))]);
         self.raise(Event::ClientConnected, client_id, who, ("", 0), &fields, now);
     }
 
@@ -177,8 +204,12 @@ impl Broker {
     /// for `reason` (EMQX's words: `normal`, `takenover`, `kicked`, `keepalive_timeout`, ...).
     pub(super) fn raise_disconnected(&self, client_id: &str, who: &Who, reason: &str, now: Instant) {
         let at = self.clock.unix_ms(now) as i64;
+        let ending = [("reason", Value::from(reason)), ("disconnected_at", Value::from(at))];
+        if self.config.sys.presence {
+            self.announce_presence(client_id, who, "disconnected", &ending, now);
+        }
         let mut fields: Vec<(&str, Value)> = who.proto().into();
-        fields.extend([("reason", Value::from(reason)), ("disconnected_at", Value::from(at))]);
+        fields.extend(ending);
         self.raise(Event::ClientDisconnected, client_id, who, ("", 0), &fields, now);
     }
 

@@ -169,11 +169,15 @@ pub struct SharedConfig {
 pub struct SysConfig {
     /// Seconds between `$SYS` updates; 0 turns them off.
     pub interval_secs: u64,
+    /// Announce clients as they connect and disconnect on
+    /// `$SYS/brokers/{node}/clients/{clientid}/connected|disconnected` (EMQX's topics and
+    /// fields).
+    pub presence: bool,
 }
 
 impl Default for SysConfig {
     fn default() -> Self {
-        SysConfig { interval_secs: 10 }
+        SysConfig { interval_secs: 10, presence: false }
     }
 }
 
