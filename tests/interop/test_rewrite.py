@@ -56,6 +56,14 @@ def test_subscribe_and_unsubscribe_filters_are_rewritten_shared_ones_after_their
     device.expect_no_message(0.5)
 
 
+def test_subscribing_again_at_the_quota_replaces_the_rewritten_subscription(make_broker, connect):
+    b = make_broker(braid={"rewrite": EMQX_EXAMPLE, "limits.max_subscriptions": 1})
+    c = connect(b, protocol=MQTTv5)
+    assert c.subscribe("y/a/z/b", 1) == [1]
+    assert c.subscribe("y/a/z/b", 0) == [0], "the same (rewritten) subscription, not a second one"
+    assert c.subscribe("other", 0) == [0x97]
+
+
 def test_the_client_id_and_user_name_fill_the_destination(make_broker, mosquitto_sub):
     rule = {"action": "publish", "source_topic": "up/#", "re": "^up/(.*)$",
             "dest_topic": "tenants/${username}/${clientid}/$1"}

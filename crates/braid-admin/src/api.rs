@@ -20,6 +20,7 @@ use braid_broker::balance::Refusal;
 use braid_broker::broker::admin::ClientInfo;
 use braid_broker::message::Message;
 use braid_broker::metrics::Metrics;
+use braid_broker::retained::Kept;
 use braid_broker::trace::{Target, Trace};
 use braid_broker::transport::Transport;
 use braid_proto::topic::{valid_topic_filter, valid_topic_name};
@@ -235,6 +236,7 @@ async fn stats(State(admin): Shared) -> Json<Value> {
                 "not_authorized": Metrics::get(&m.publishes_denied),
             },
             "held": Metrics::get(&m.publishes_held),
+            "retained_refused": Metrics::get(&m.retained_refused),
         },
         "bytes": { "received": Metrics::get(&m.bytes_received), "sent": Metrics::get(&m.bytes_sent) },
         "sessions": sessions,
@@ -507,7 +509,9 @@ async fn subscriptions(State(admin): Shared, Params(f): Params<SubscriptionFilte
     Page::new(f.page, f.limit).of(out)
 }
 
-fn retained_json(msg: &Message) -> Value {
+/// A retained message, with its age and the seconds until it expires (null: never) at `now`.
+fn retained_json(kept: &Kept, now: Instant) -> Value {
+    let msg = &kept.msg;
     let (payload, encoding) = match std::str::from_utf8(&msg.payload) {
         Ok(text) => (text.to_string(), "plain"),
         Err(_) => (base64::engine::general_purpose::STANDARD.encode(&msg.payload), "base64"),
@@ -521,6 +525,8 @@ fn retained_json(msg: &Message) -> Value {
         "payload": payload,
         "payload_encoding": encoding,
         "payload_bytes": msg.payload.len(),
+        "age_secs": now.saturating_duration_since(kept.since).as_secs(),
+        "expires_in_secs": msg.expires_at.map(|at| at.saturating_duration_since(now).as_secs()),
         "properties": {
             "content_type": p.content_type.as_ref().map(|s| s.to_string()),
             "response_topic": p.response_topic.as_ref().map(|s| s.to_string()),
@@ -535,8 +541,21 @@ fn retained_json(msg: &Message) -> Value {
 struct RetainedFilter {
     #[serde(default = "everything")]
     filter: String,
+    /// `topic` (the default), `size` (largest payload first) or `age` (oldest first).
+    #[serde(default)]
+    sort: RetainedOrder,
     page: Option<usize>,
     limit: Option<usize>,
+}
+
+/// How `GET /retained` orders its list.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RetainedOrder {
+    #[default]
+    Topic,
+    Size,
+    Age,
 }
 
 fn everything() -> String {
@@ -547,13 +566,19 @@ async fn retained_list(State(admin): Shared, Params(f): Params<RetainedFilter>) 
     if !valid_topic_filter(&f.filter) {
         return error(StatusCode::BAD_REQUEST, format!("{:?} is not a valid topic filter", f.filter));
     }
-    let mut all = admin.broker.operators().retained_matching(&f.filter, Instant::now());
-    all.sort_by(|a, b| a.topic.cmp(&b.topic));
-    Page::new(f.page, f.limit).of(all.iter().map(|m| retained_json(m)).collect())
+    let now = Instant::now();
+    let mut all = admin.broker.operators().retained_matching(&f.filter, now);
+    all.sort_by(|a, b| a.msg.topic.cmp(&b.msg.topic));
+    match f.sort {
+        RetainedOrder::Topic => {}
+        RetainedOrder::Size => all.sort_by_key(|k| std::cmp::Reverse(k.msg.payload.len())),
+        RetainedOrder::Age => all.sort_by_key(|k| k.since),
+    }
+    Page::new(f.page, f.limit).of(all.iter().map(|k| retained_json(k, now)).collect())
 }
 
 /// The retained message of exactly `topic`, or the response to give instead.
-fn retained_at(admin: &Admin, topic: &str) -> Result<Arc<Message>, ApiError> {
+fn retained_at(admin: &Admin, topic: &str) -> Result<Kept, ApiError> {
     if !valid_topic_name(topic) {
         return Err(ApiError(StatusCode::BAD_REQUEST, format!("{topic:?} is not a valid topic name")));
     }
@@ -562,13 +587,13 @@ fn retained_at(admin: &Admin, topic: &str) -> Result<Arc<Message>, ApiError> {
         .operators()
         .retained_matching(topic, Instant::now())
         .into_iter()
-        .find(|m| &*m.topic == topic);
+        .find(|k| &*k.msg.topic == topic);
     found.ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no retained message at {topic:?}")))
 }
 
 async fn retained_one(State(admin): Shared, Path(topic): Path<String>) -> Response {
     match retained_at(&admin, &topic) {
-        Ok(msg) => Json(retained_json(&msg)).into_response(),
+        Ok(kept) => Json(retained_json(&kept, Instant::now())).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -106,6 +106,11 @@ fn broker_samples(broker: &Broker, store: &StoreStats) -> Vec<Sample> {
         out.push(c("braid_messages_dropped_total", dropped, Metrics::get(counter)).with("reason", reason));
     }
     out.push(c(
+        "braid_retained_refused_total",
+        "Retained publishes over a [retained] limit (v5: refused with 0x97; 3.1.x: sent, not retained).",
+        Metrics::get(&m.retained_refused),
+    ));
+    out.push(c(
         "braid_publishes_held_total",
         "Publishes whose acknowledgement a full subscriber queue held back.",
         Metrics::get(&m.publishes_held),

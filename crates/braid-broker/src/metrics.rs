@@ -40,6 +40,9 @@ pub struct Metrics {
     pub publishes_held: AtomicU64,
     /// Publishes refused by the ACL (acknowledged and dropped).
     pub publishes_denied: AtomicU64,
+    /// Retained publishes over a `[retained]` limit (v5: refused with 0x97; 3.1.x: sent on
+    /// without being retained).
+    pub retained_refused: AtomicU64,
     /// Connections closed at accept: `limits.max_connections` reached.
     pub connections_refused: AtomicU64,
     /// Connections closed at accept: the process was out of file descriptors.

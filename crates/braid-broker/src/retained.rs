@@ -10,7 +10,17 @@ use crate::message::Message;
 #[derive(Debug, Default)]
 struct Node {
     children: HashMap<Box<str>, Node>,
-    msg: Option<Arc<Message>>,
+    msg: Option<Kept>,
+}
+
+/// A retained message and when it was kept (for its age, in the API).
+#[derive(Debug, Clone)]
+pub struct Kept {
+    /// The message.
+    pub msg: Arc<Message>,
+    /// When it was set (for a message read back at start, or from another node, when this
+    /// broker learned of it).
+    pub since: Instant,
 }
 
 impl Node {
@@ -24,15 +34,19 @@ impl Node {
 pub struct Retained {
     root: Node,
     len: usize,
+    /// How many of them are under `$SYS/` (the broker's own).
+    sys: usize,
 }
 
 impl Retained {
-    /// Stores `msg` for its topic, or clears the topic when the payload is empty.
-    pub fn set(&mut self, msg: Arc<Message>) {
+    /// Stores `msg` for its topic at `now`, or clears the topic when the payload is empty.
+    pub fn set(&mut self, msg: Arc<Message>, now: Instant) {
         let levels: Vec<&str> = msg.topic.split('/').collect();
+        let sys = usize::from(is_sys(&msg.topic));
         if msg.payload.is_empty() {
             if clear(&mut self.root, &levels) {
                 self.len -= 1;
+                self.sys -= sys;
             }
             return;
         }
@@ -40,9 +54,27 @@ impl Retained {
         for level in levels {
             node = node.children.entry(level.into()).or_default();
         }
-        if node.msg.replace(msg).is_none() {
+        if node.msg.replace(Kept { msg, since: now }).is_none() {
             self.len += 1;
+            self.sys += sys;
         }
+    }
+
+    /// Number of retained messages clients set (those under `$SYS/` are the broker's own).
+    pub fn clients_len(&self) -> usize {
+        self.len - self.sys
+    }
+
+    /// True if `topic` has a retained message.
+    pub fn contains(&self, topic: &str) -> bool {
+        let mut node = &self.root;
+        for level in topic.split('/') {
+            match node.children.get(level) {
+                Some(child) => node = child,
+                None => return false,
+            }
+        }
+        node.msg.is_some()
     }
 
     /// Number of retained messages.
@@ -57,10 +89,15 @@ impl Retained {
 
     /// Every unexpired retained message matching the valid topic `filter`.
     pub fn matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
+        self.matching_kept(filter, now).into_iter().map(|k| k.msg).collect()
+    }
+
+    /// [`Retained::matching`], with when each was kept.
+    pub fn matching_kept(&self, filter: &str, now: Instant) -> Vec<Kept> {
         let levels: Vec<&str> = filter.split('/').collect();
         let mut out = Vec::new();
         collect(&self.root, &levels, true, &mut out);
-        out.retain(|m| !m.is_expired(now));
+        out.retain(|k| !k.msg.is_expired(now));
         out
     }
 
@@ -69,8 +106,13 @@ impl Retained {
         let mut purged = Vec::new();
         purge(&mut self.root, now, &mut purged);
         self.len -= purged.len();
+        self.sys -= purged.iter().filter(|m| is_sys(&m.topic)).count();
         purged
     }
+}
+
+fn is_sys(topic: &str) -> bool {
+    topic.starts_with("$SYS/")
 }
 
 fn clear(node: &mut Node, levels: &[&str]) -> bool {
@@ -94,7 +136,7 @@ fn wildcard_children(node: &Node, root: bool) -> impl Iterator<Item = &Node> {
     node.children.iter().filter(move |(k, _)| !(root && k.starts_with('$'))).map(|(_, n)| n)
 }
 
-fn collect(node: &Node, levels: &[&str], root: bool, out: &mut Vec<Arc<Message>>) {
+fn collect(node: &Node, levels: &[&str], root: bool, out: &mut Vec<Kept>) {
     match levels.split_first() {
         None => out.extend(node.msg.iter().cloned()),
         Some((&"#", _)) => {
@@ -119,8 +161,8 @@ fn collect(node: &Node, levels: &[&str], root: bool, out: &mut Vec<Arc<Message>>
 }
 
 fn purge(node: &mut Node, now: Instant, purged: &mut Vec<Arc<Message>>) {
-    if node.msg.as_ref().is_some_and(|m| m.is_expired(now)) {
-        purged.extend(node.msg.take());
+    if node.msg.as_ref().is_some_and(|k| k.msg.is_expired(now)) {
+        purged.extend(node.msg.take().map(|k| k.msg));
     }
     node.children.retain(|_, child| {
         purge(child, now, purged);
@@ -147,20 +189,35 @@ mod tests {
     #[test]
     fn set_replace_clear() {
         let mut r = Retained::default();
-        r.set(msg("a/b", "1"));
-        r.set(msg("a/b", "2"));
+        r.set(msg("a/b", "1"), Instant::now());
+        r.set(msg("a/b", "2"), Instant::now());
         assert_eq!(r.len(), 1);
         assert_eq!(&r.matching("a/b", Instant::now())[0].payload[..], b"2");
-        r.set(msg("a/b", ""));
+        r.set(msg("a/b", ""), Instant::now());
         assert!(r.is_empty());
         assert!(topics(&r, "#").is_empty());
+    }
+
+    #[test]
+    fn a_topic_is_known_with_when_it_was_kept() {
+        let mut r = Retained::default();
+        let (t0, t1) = (Instant::now(), Instant::now() + std::time::Duration::from_secs(5));
+        r.set(msg("a/b", "1"), t0);
+        r.set(msg("a/c", "1"), t0);
+        r.set(msg("a/b", "2"), t1);
+        assert!(r.contains("a/b") && r.contains("a/c"));
+        r.set(msg("$SYS/broker/uptime", "1"), t0);
+        assert_eq!((r.len(), r.clients_len()), (3, 2), "the broker's own are not the clients'");
+        assert!(!r.contains("a") && !r.contains("a/b/c") && !r.contains("b"));
+        let kept = r.matching_kept("a/b", t1);
+        assert_eq!((kept.len(), kept[0].since), (1, t1), "a replacement is kept from its own time");
     }
 
     #[test]
     fn wildcards_find_every_match_but_not_dollar_topics() {
         let mut r = Retained::default();
         for t in ["sport", "sport/tennis", "sport/tennis/p1", "news/x", "$SYS/up"] {
-            r.set(msg(t, "x"));
+            r.set(msg(t, "x"), Instant::now());
         }
         assert_eq!(topics(&r, "#"), ["news/x", "sport", "sport/tennis", "sport/tennis/p1"]);
         assert_eq!(topics(&r, "sport/#"), ["sport", "sport/tennis", "sport/tennis/p1"]);

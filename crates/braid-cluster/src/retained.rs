@@ -101,5 +101,5 @@ fn apply(broker: &Broker, fields: &[Value]) {
             Err(e) => return warn!("cluster: an unreadable retained change is skipped: {e}"),
         }
     };
-    broker.remotes().apply_retained(msg);
+    broker.remotes().apply_retained(msg, std::time::Instant::now());
 }

@@ -9,8 +9,9 @@ use braid_proto::{ByteString, ProtocolVersion, ReasonCode, Subscribe, Subscripti
 
 use super::Broker;
 use crate::auth::Identity;
-use crate::message::{Message, StreamTag};
+use crate::message::StreamTag;
 use crate::report::Report;
+use crate::retained::Kept;
 use crate::session::{Origin, Session};
 use crate::store::SubscriptionRecord;
 
@@ -163,8 +164,8 @@ impl Operators<'_> {
     }
 
     /// The retained messages whose topics match `filter` at `now`.
-    pub fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
-        self.broker.retained.read().matching(filter, now)
+    pub fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Kept> {
+        self.broker.retained.read().matching_kept(filter, now)
     }
 
     /// Every registered report.

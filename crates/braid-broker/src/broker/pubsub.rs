@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use braid_proto::{
     ByteString, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe,
@@ -47,16 +47,16 @@ impl Broker {
                 reasons.push(ReasonCode::TopicFilterInvalid);
                 continue;
             };
-            // The ACL sees the filter as the client sent it, then it is rewritten (as EMQX).
-            if let Some(refused) = self.refuse_filter(session, &filter, inner, acl) {
+            // The ACL sees the filter as the client sent it; the session keeps it rewritten
+            // (as EMQX).
+            let sender = Sender { client_id: &session.client_id, username: acl.username() };
+            let rewritten = self.rewrites.rewrite_filter(&filter, sender).map(ByteString::from);
+            let kept = rewritten.as_deref().unwrap_or(&filter);
+            if let Some(refused) = self.refuse_filter(session, &filter, inner, kept, acl) {
                 reasons.push(refused);
                 continue;
             }
-            let sender = Sender { client_id: &session.client_id, username: acl.username() };
-            let filter = match self.rewrites.rewrite_filter(&filter, sender) {
-                Some(rewritten) => ByteString::from(rewritten),
-                None => filter,
-            };
+            let filter = rewritten.unwrap_or(filter);
             let Some((inner, group)) = split_filter(&filter) else {
                 reasons.push(ReasonCode::TopicFilterInvalid);
                 continue;
@@ -133,12 +133,50 @@ impl Broker {
         wanted.into_iter().zip(ack.reasons).filter(|(_, r)| refused(r)).map(|(f, _)| f).collect()
     }
 
-    /// Why a new subscription to `filter` (inner filter `inner`) is refused, if it is.
+    /// Why a retained PUBLISH of `payload_len` bytes to `topic` is refused under
+    /// `[retained]`, if it is; an empty one (a clear) never is. (Two publishes racing for the
+    /// last place may both get it: the count is read, not reserved.)
+    pub fn retained_refusal(&self, topic: &str, payload_len: usize) -> Option<&'static str> {
+        let limits = &self.config.retained;
+        if payload_len == 0 {
+            return None;
+        }
+        if limits.max_payload_bytes > 0 && payload_len > limits.max_payload_bytes {
+            return Some("its payload is over retained.max_payload_bytes");
+        }
+        if limits.max_messages > 0 {
+            let retained = self.retained.read();
+            if retained.clients_len() >= limits.max_messages && !retained.contains(topic) {
+                return Some("retained.max_messages messages are retained already");
+            }
+        }
+        None
+    }
+
+    /// `msg` as the retained index keeps it, published at `now`: its expiry capped by
+    /// `retained.max_expiry_secs`, or set by `retained.default_expiry_secs` if it has none.
+    fn retained_copy(&self, msg: &Arc<Message>, now: Instant) -> Arc<Message> {
+        let limits = &self.config.retained;
+        let after = |secs: u64| (secs > 0).then(|| now + Duration::from_secs(secs));
+        let cap = after(limits.max_expiry_secs);
+        let expires_at = match msg.expires_at.or(after(limits.default_expiry_secs)) {
+            Some(at) => Some(cap.map_or(at, |cap| at.min(cap))),
+            None => cap,
+        };
+        if expires_at == msg.expires_at {
+            return msg.clone();
+        }
+        Arc::new(Message { expires_at, ..(**msg).clone() })
+    }
+
+    /// Why a new subscription to `filter` (inner filter `inner`), kept in the session as
+    /// `kept` (rewritten, see [`crate::rewrite`]), is refused, if it is.
     fn refuse_filter(
         &self,
         session: &Session,
         filter: &str,
         inner: &str,
+        kept: &str,
         acl: &mut ConnectionAcl<'_>,
     ) -> Option<ReasonCode> {
         let live = self.live();
@@ -151,7 +189,7 @@ impl Broker {
         }
         let st = session.lock();
         let full = limits.max_subscriptions > 0 && st.subscriptions.len() >= limits.max_subscriptions;
-        (full && !st.subscriptions.contains_key(filter)).then_some(ReasonCode::QuotaExceeded)
+        (full && !st.subscriptions.contains_key(kept)).then_some(ReasonCode::QuotaExceeded)
     }
 
     /// Handles UNSUBSCRIBE, arrived at `now`, and returns the UNSUBACK.
@@ -198,10 +236,11 @@ impl Broker {
     pub fn publish(&self, msg: Arc<Message>, now: Instant) -> Published {
         let mut out = Published::default();
         if msg.retain {
-            self.retained.write().set(msg.clone());
+            let kept = self.retained_copy(&msg, now);
+            self.retained.write().set(kept.clone(), now);
             // `$SYS` values are the broker's own, made afresh at each start.
             if self.store.persistent() && !(msg.origin == 0 && msg.topic.starts_with('$')) {
-                out.ticket = self.store.submit(Op::Retain(msg.clone()));
+                out.ticket = self.store.submit(Op::Retain(kept));
             }
         }
         let watched = self.message_events_wanted(&msg);

@@ -23,7 +23,7 @@ impl Broker {
         {
             let mut retained = self.retained.write();
             for msg in found.retained {
-                retained.set(msg);
+                retained.set(msg, now);
             }
         }
         let unix_now = self.unix_secs(now);

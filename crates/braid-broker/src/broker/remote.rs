@@ -103,9 +103,9 @@ impl Remotes<'_> {
         out
     }
 
-    /// Sets or clears (empty payload) a retained message another node stored: in the index
-    /// only, nothing routed or written.
-    pub fn apply_retained(&self, msg: Arc<Message>) {
-        self.broker.retained.write().set(msg);
+    /// Sets or clears (empty payload) a retained message another node stored, learned of at
+    /// `now`: in the index only, nothing routed or written.
+    pub fn apply_retained(&self, msg: Arc<Message>, now: Instant) {
+        self.broker.retained.write().set(msg, now);
     }
 }

@@ -39,8 +39,8 @@ use error::{env_metadata, FROM_FILE, FROM_FLAG};
 pub use limits::LimitsConfig;
 pub use listeners::{ClientAuth, Listeners, QuicConfig, TlsConfig, TlsVersion};
 pub use mqtt::{
-    ListenerPolicies, MqttConfig, OverflowPolicy, Overlapping, QueuePolicy, SessionConfig, SharedConfig,
-    SharedStrategy, SysConfig,
+    ListenerPolicies, MqttConfig, OverflowPolicy, Overlapping, QueuePolicy, RetainedConfig, SessionConfig,
+    SharedConfig, SharedStrategy, SysConfig,
 };
 pub use rewrite::{DestPart, RewriteAction, RewriteConfig, RewriteRule};
 pub use rules::RuleConfig;
@@ -63,6 +63,8 @@ pub struct Config {
     pub shared: SharedConfig,
     /// `$SYS` topics.
     pub sys: SysConfig,
+    /// Limits on retained messages.
+    pub retained: RetainedConfig,
     /// MQTT over QUIC.
     pub quic: QuicConfig,
     /// Logging.

@@ -175,6 +175,23 @@ pub struct SysConfig {
     pub presence: bool,
 }
 
+/// Limits on retained messages (EMQX's retainer limits).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetainedConfig {
+    /// Most retained messages kept (0: no limit): a retained PUBLISH for a topic that has none
+    /// yet is refused once this many are kept.
+    pub max_messages: usize,
+    /// Largest payload a retained message may have, in bytes (0: no limit).
+    pub max_payload_bytes: usize,
+    /// Longest a retained message is kept, in seconds, whatever its Message Expiry Interval
+    /// says (0: no cap).
+    pub max_expiry_secs: u64,
+    /// How long a retained message without a Message Expiry Interval is kept, in seconds (0:
+    /// until it is replaced or cleared).
+    pub default_expiry_secs: u64,
+}
+
 impl Default for SysConfig {
     fn default() -> Self {
         SysConfig { interval_secs: 10, presence: false }

@@ -388,6 +388,17 @@ impl<'a> Inbound<'a> {
         self.ack(p, ticket, out);
     }
 
+    /// Answers a PUBLISH of `qos` (packet id `id`) that is dropped: a PUBACK or PUBREC with
+    /// `reason` (nothing for QoS 0).
+    fn refuse_publish(&self, qos: QoS, id: u16, reason: ReasonCode, out: &mut BytesMut) {
+        let ack = Ack::with_reason(id, reason);
+        match qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.reply(&Packet::PubAck(ack), out),
+            QoS::ExactlyOnce => self.reply(&Packet::PubRec(ack), out),
+        }
+    }
+
     /// Encodes a reply to the client into `out`.
     pub(crate) fn reply(&self, p: &Packet, out: &mut BytesMut) {
         // Replies are well-formed packets of this connection's version; encoding cannot fail.
@@ -456,18 +467,25 @@ impl<'a> Inbound<'a> {
                 return close(ReasonCode::NotAuthorized, "the ACL denies publishing to this topic");
             }
             Metrics::add(&self.broker.metrics().publishes_denied, 1);
-            let ack = Ack::with_reason(id, ReasonCode::NotAuthorized);
-            match qos {
-                QoS::AtMostOnce => {}
-                QoS::AtLeastOnce => self.reply(&Packet::PubAck(ack), out),
-                QoS::ExactlyOnce => self.reply(&Packet::PubRec(ack), out),
-            }
+            self.refuse_publish(qos, id, ReasonCode::NotAuthorized, out);
             return Flow::Continue;
         }
         // The ACL saw the topic as the client sent it; now it is rewritten (as EMQX).
         let sender = Sender { client_id: &self.session.client_id, username: self.acl.username() };
         if let Some(topic) = self.broker.rewrites().rewrite(Rewriting::Publish, &p.topic, sender) {
             p.topic = topic.into();
+        }
+        if let Some(why) = p.retain.then(|| self.broker.retained_refusal(&p.topic, p.payload.len())).flatten()
+        {
+            Metrics::add(&self.broker.metrics().retained_refused, 1);
+            if self.version.is_v5() {
+                // Refused whole: Quota exceeded tells the publisher, which may retry later.
+                tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "retained PUBLISH refused: {why}");
+                self.refuse_publish(qos, id, ReasonCode::QuotaExceeded, out);
+                return Flow::Continue;
+            }
+            // A 3.1.x publisher cannot be told: its message goes out, not retained (as EMQX).
+            p.retain = false;
         }
         let msg = Message::from_publish(p, now, self.session.id, self.session.client_id.clone());
         let (ack, mut ticket) = match qos {
