@@ -18,7 +18,7 @@ use crate::config::{ConfigError, DestPart, RewriteAction, RewriteConfig, Rewrite
 /// The packets a rewrite is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rewriting {
-    /// A PUBLISH topic (the will's too).
+    /// A PUBLISH topic.
     Publish,
     /// A SUBSCRIBE or UNSUBSCRIBE filter.
     Subscribe,
@@ -42,11 +42,6 @@ impl Rewrites {
     /// problem.
     pub fn compile(rules: &[RewriteConfig]) -> Result<Rewrites, ConfigError> {
         rules.iter().enumerate().map(|(at, r)| r.compile(at)).collect::<Result<_, _>>().map(Rewrites)
-    }
-
-    /// True if there are no rules.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 
     /// What `name` (a topic, or a filter without its `$share/{group}/`) becomes for a

@@ -375,12 +375,6 @@ impl Rules {
         self.run(&ctx, msg.qos, actions);
     }
 
-    /// True when a rule takes `event` as a source: the caller makes the event's context only
-    /// then.
-    pub fn wants(&self, event: Event) -> bool {
-        self.events & 1 << event as u8 != 0
-    }
-
     /// A bit per [`Event`] some rule takes (`1 << event as u8`).
     pub fn events(&self) -> u16 {
         self.events

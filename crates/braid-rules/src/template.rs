@@ -72,18 +72,37 @@ impl Template {
     /// or null value as nothing. A path into a string reads the string as JSON, so `${payload.x}`
     /// works after `SELECT *` too.
     pub fn render(&self, output: &Map<String, Value>) -> String {
-        let mut out = String::new();
+        self.fill(output).0
+    }
+
+    /// The template filled from `output` as [`Template::render`] fills it, or None if a
+    /// placeholder has no value there (a template that must not be filled by halves).
+    pub fn render_all(&self, output: &Map<String, Value>) -> Option<String> {
+        let (text, complete) = self.fill(output);
+        complete.then_some(text)
+    }
+
+    /// The template filled from `output`, and whether every placeholder had a value.
+    fn fill(&self, output: &Map<String, Value>) -> (String, bool) {
+        let (mut out, mut complete) = (String::new(), true);
         for part in &self.parts {
             match part {
                 Part::Text(t) => out.push_str(t),
-                Part::Placeholder(field) => {
-                    if let Some(value) = field.value(output) {
-                        out.push_str(&text(&value).unwrap_or_default());
-                    }
-                }
+                Part::Placeholder(field) => match field.value(output) {
+                    Some(value) => out.push_str(&text(&value).unwrap_or_default()),
+                    None => complete = false,
+                },
             }
         }
-        out
+        (out, complete)
+    }
+
+    /// The names its placeholders start with (`payload` for `${payload.temp}`), in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Placeholder(field) => Some(field.root.as_str()),
+            Part::Text(_) => None,
+        })
     }
 
     /// The template's text with its `n`th placeholder (from 1) written as `mark(n)`, and the

@@ -479,6 +479,11 @@ fn templates_render_rule_outputs() {
     );
     let all = rule(r#"SELECT * FROM "t/#""#).apply(&message("t/1", br#"{"temp": 22}"#)).unwrap();
     assert_eq!(Template::parse("${payload.temp}").unwrap().render(&all), "22");
+    let halves = Template::parse("a/${clientid}/${nothing}").unwrap();
+    assert_eq!(halves.render(&out), "a/dev1/", "a missing value is written as nothing");
+    assert_eq!(halves.render_all(&out), None, "unless every value must be there");
+    assert_eq!(Template::parse("a/${clientid}").unwrap().render_all(&out).as_deref(), Some("a/dev1"));
+    assert_eq!(halves.names().collect::<Vec<_>>(), ["clientid", "nothing"]);
 }
 
 #[test]

@@ -27,7 +27,7 @@ mod timers;
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,7 @@ use braid_proto::ConnAck;
 
 use crate::auth::Security;
 use crate::balance::Balancer;
-use crate::config::{Config, SinkConfig};
+use crate::config::{AutoSubscription, Config, SinkConfig};
 use crate::control::{ConnControl, LivenessTable};
 use crate::directory::Directory;
 use crate::limits::MemoryAlarm;
@@ -55,6 +55,7 @@ use crate::session::{Restore, Session, Wakes};
 use crate::store::{self, Store, StoreError, Ticket, UnixClock};
 use crate::trace::Tracer;
 use live::Live;
+use presence::presence_events;
 
 use timers::{Timer, Timers};
 
@@ -117,6 +118,8 @@ pub struct Broker {
     rule_events: AtomicU16,
     /// Topic rewrite rules (`[[rewrite]]`).
     rewrites: Rewrites,
+    /// What every client is subscribed to at connect (`[[auto_subscribe]]`), compiled.
+    auto_subscriptions: Vec<AutoSubscription>,
 }
 
 impl Broker {
@@ -332,12 +335,15 @@ impl Broker {
         let node = config.cluster.enabled.then_some(config.cluster.node.as_str());
         let compiled_rules = Rules::compile(&config.rules, &config.sinks, node, clock.unix_ms(started));
         let (sinks, _) = watch::channel(Arc::from(config.sinks.as_slice()));
-        let rule_events = AtomicU16::new(0);
+        let rule_events = AtomicU16::new(compiled_rules.events() | presence_events(&config));
         // A configuration that was loaded is checked already; one made in code is checked here.
         let rewrites = Rewrites::compile(&config.rewrite).unwrap_or_else(|e| {
             tracing::error!("topic rewrite is off: {e}");
             Rewrites::default()
         });
+        let auto_subscriptions = (config.auto_subscribe.iter().enumerate())
+            .filter_map(|(at, e)| e.compile(at).inspect_err(|e| tracing::error!("left out: {e}")).ok())
+            .collect();
         let broker = Arc::new(Broker {
             security: Security::new(&config),
             memory: MemoryAlarm::new(config.limits.memory_high_watermark),
@@ -364,8 +370,8 @@ impl Broker {
             sinks,
             rule_events,
             rewrites,
+            auto_subscriptions,
         });
-        broker.rule_events.store(broker.rules.load().events() | broker.presence_events(), Ordering::Relaxed);
         broker.set_timer(started + SWEEP_INTERVAL, Timer::Sweep);
         broker
     }

@@ -13,7 +13,6 @@ use braid_proto::{
 
 use super::{split_filter, Broker, Holder, Published};
 use crate::auth::{ConnectionAcl, Identity};
-use crate::config::Client;
 use crate::limits::topic_too_big;
 use crate::message::{Delivery, Message, StreamTag};
 use crate::metrics::Metrics;
@@ -22,6 +21,7 @@ use crate::router::{Forward, RemoteRef, Scope, SubEntry, Subscriber, Target};
 use crate::session::{Enqueued, OtherMembers, Session, Wakes};
 use crate::store::{Op, SubscriptionRecord, Ticket};
 use braid_rules::Event;
+use serde_json::Map;
 
 impl Broker {
     /// Handles SUBSCRIBE: queues matching retained messages and returns the SUBACK, which the
@@ -116,9 +116,18 @@ impl Broker {
         peer: SocketAddr,
         now: Instant,
     ) -> Vec<ByteString> {
-        let client = Client { client_id: &session.client_id, username, peer };
-        let filters: Vec<(ByteString, SubscriptionOptions)> = (self.config.auto_subscribe.iter())
-            .filter_map(|e| Some((ByteString::from(e.filter_for(client)?), e.options())))
+        if self.auto_subscriptions.is_empty() {
+            return Vec::new();
+        }
+        let mut client = Map::new();
+        client.insert("clientid".into(), session.client_id.to_string().into());
+        if let Some(username) = username {
+            client.insert("username".into(), username.into());
+        }
+        client.insert("host".into(), peer.ip().to_string().into());
+        client.insert("port".into(), peer.port().into());
+        let filters: Vec<(ByteString, SubscriptionOptions)> = (self.auto_subscriptions.iter())
+            .filter_map(|a| Some((ByteString::from(a.topic.render_all(&client)?), a.options)))
             .collect();
         if filters.is_empty() {
             return Vec::new();
@@ -129,8 +138,7 @@ impl Broker {
             self.security.seed(Identity::unrestricted(username.unwrap_or_default()), &session.client_id);
         let mut acl = self.security.resume_acl(seed, &session.client_id);
         let ack = self.subscribe(session, version, sub, &mut acl, StreamTag::default(), now);
-        let refused = |r: &ReasonCode| (*r as u8) >= 0x80;
-        wanted.into_iter().zip(ack.reasons).filter(|(_, r)| refused(r)).map(|(f, _)| f).collect()
+        wanted.into_iter().zip(ack.reasons).filter(|(_, r)| r.is_error()).map(|(f, _)| f).collect()
     }
 
     /// Why a retained PUBLISH of `payload_len` bytes to `topic` is refused under

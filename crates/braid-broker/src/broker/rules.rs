@@ -18,6 +18,7 @@ use braid_proto::{ByteString, Bytes, Connect, ProtocolVersion, Publish, QoS, Rea
 use braid_rules::{Context, Event};
 use serde_json::Value;
 
+use super::presence::presence_events;
 use super::Ending;
 use super::{Broker, Published};
 use crate::config::{RuleConfig, SinkConfig};
@@ -42,20 +43,9 @@ impl Broker {
     /// counters; the sinks' workers follow ([`Broker::sinks`]).
     pub fn install_rules(&self, rules: &[RuleConfig], sinks: &[SinkConfig]) {
         let compiled = self.rules.load().recompile(rules, sinks);
-        self.rule_events.store(compiled.events() | self.presence_events(), Ordering::Relaxed);
+        self.rule_events.store(compiled.events() | presence_events(&self.config), Ordering::Relaxed);
         self.rules.store(Arc::new(compiled));
         self.sinks.send_replace(Arc::from(sinks));
-    }
-
-    /// The client events presence (`sys.presence`) takes, as [`Broker::rules_take`] reads
-    /// them: the paths that raise them then do.
-    pub(super) fn presence_events(&self) -> u16 {
-        let bits = 1 << Event::ClientConnected as u8 | 1 << Event::ClientDisconnected as u8;
-        if self.config.sys.presence {
-            bits
-        } else {
-            0
-        }
     }
 
     /// True when a rule (or presence) takes `event` ([`Event::MessagePublish`]: some rule has topic filters):

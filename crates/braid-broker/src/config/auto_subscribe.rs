@@ -1,13 +1,16 @@
 //! `[[auto_subscribe]]`: subscriptions every client gets when it connects, as EMQX's
 //! auto-subscribe makes them (see docs/mqtt.md).
 
-use std::net::SocketAddr;
-
 use braid_proto::topic::{parse_shared, valid_topic_filter};
 use braid_proto::{QoS, RetainHandling, SubscriptionOptions};
+use braid_rules::Template;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use super::ConfigError;
+
+/// The placeholders a topic may have.
+const PLACEHOLDERS: [&str; 4] = ["clientid", "username", "host", "port"];
 
 /// One subscription.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -27,45 +30,19 @@ pub struct AutoSubscribeConfig {
     pub rh: u8,
 }
 
-/// What the placeholders of a topic stand for, for one client.
-#[derive(Debug, Clone, Copy)]
-pub struct Client<'a> {
-    /// Its client id.
-    pub client_id: &'a str,
-    /// Its user name, if it gave one.
-    pub username: Option<&'a str>,
-    /// Its address.
-    pub peer: SocketAddr,
+/// An entry, compiled: its topic template and the subscription's options.
+#[derive(Debug)]
+pub struct AutoSubscription {
+    /// The filter, filled per client (`clientid`, `username`, `host`, `port`); a client that
+    /// lacks one of its values (a user name) is not subscribed.
+    pub topic: Template,
+    /// The subscription's options.
+    pub options: SubscriptionOptions,
 }
 
 impl AutoSubscribeConfig {
-    /// The filter for `client`; None if the topic names a user name the client did not give.
-    pub fn filter_for(&self, client: Client<'_>) -> Option<String> {
-        expand(&self.topic, |name| match name {
-            "clientid" => Some(client.client_id.to_string()),
-            "username" => client.username.map(str::to_string),
-            "host" => Some(client.peer.ip().to_string()),
-            "port" => Some(client.peer.port().to_string()),
-            _ => None,
-        })
-    }
-
-    /// The subscription's options.
-    pub fn options(&self) -> SubscriptionOptions {
-        SubscriptionOptions {
-            qos: QoS::from_u8(self.qos).unwrap_or(QoS::AtMostOnce),
-            no_local: self.nl,
-            retain_as_published: self.rap,
-            retain_handling: match self.rh {
-                0 => RetainHandling::SendAtSubscribe,
-                1 => RetainHandling::SendIfNew,
-                _ => RetainHandling::DoNotSend,
-            },
-        }
-    }
-
-    /// Checks entry `at` (from 0); the error names the key and the problem.
-    fn validate(&self, at: usize) -> Result<(), ConfigError> {
+    /// Compiles entry `at` (from 0); the error names the key and the problem.
+    pub fn compile(&self, at: usize) -> Result<AutoSubscription, ConfigError> {
         let key = |field: &str| format!("auto_subscribe[{at}].{field}");
         if self.qos > 2 {
             return Err(ConfigError::invalid(key("qos"), format!("{}: 0, 1 or 2", self.qos)));
@@ -73,15 +50,8 @@ impl AutoSubscribeConfig {
         if self.rh > 2 {
             return Err(ConfigError::invalid(key("rh"), format!("{}: 0, 1 or 2", self.rh)));
         }
-        let mut unknown = None;
-        let sample = expand(&self.topic, |name| match name {
-            "clientid" | "username" | "host" | "port" => Some("x".to_string()),
-            other => {
-                unknown = Some(other.to_string());
-                None
-            }
-        });
-        if let Some(name) = unknown {
+        let topic = Template::parse(&self.topic).map_err(|e| ConfigError::invalid(key("topic"), e))?;
+        if let Some(name) = topic.names().find(|n| !PLACEHOLDERS.contains(n)) {
             return Err(ConfigError::invalid(
                 key("topic"),
                 format!(
@@ -89,8 +59,9 @@ impl AutoSubscribeConfig {
                 ),
             ));
         }
-        let valid = sample.as_deref().is_some_and(|f| match parse_shared(f) {
-            Ok(None) => valid_topic_filter(f),
+        let sample: Map<String, Value> = PLACEHOLDERS.iter().map(|n| (n.to_string(), "x".into())).collect();
+        let valid = topic.render_all(&sample).is_some_and(|f| match parse_shared(&f) {
+            Ok(None) => valid_topic_filter(&f),
             Ok(Some(_)) => true,
             Err(_) => false,
         });
@@ -100,28 +71,23 @@ impl AutoSubscribeConfig {
                 format!("{:?} is not a topic filter", self.topic),
             ));
         }
-        Ok(())
+        let options = SubscriptionOptions {
+            qos: QoS::from_u8(self.qos).unwrap_or(QoS::AtMostOnce),
+            no_local: self.nl,
+            retain_as_published: self.rap,
+            retain_handling: match self.rh {
+                0 => RetainHandling::SendAtSubscribe,
+                1 => RetainHandling::SendIfNew,
+                _ => RetainHandling::DoNotSend,
+            },
+        };
+        Ok(AutoSubscription { topic, options })
     }
 }
 
-/// Every entry is sound.
+/// Every entry compiles.
 pub(super) fn validate(entries: &[AutoSubscribeConfig]) -> Result<(), ConfigError> {
-    entries.iter().enumerate().try_for_each(|(at, e)| e.validate(at))
-}
-
-/// `template` with each `${name}` replaced by `value(name)`; None if a value is missing (or a
-/// `${` is not closed).
-fn expand(template: &str, mut value: impl FnMut(&str) -> Option<String>) -> Option<String> {
-    let mut out = String::with_capacity(template.len() + 16);
-    let mut rest = template;
-    while let Some(at) = rest.find("${") {
-        out.push_str(&rest[..at]);
-        let end = rest[at..].find('}')? + at;
-        out.push_str(&value(&rest[at + 2..end])?);
-        rest = &rest[end + 1..];
-    }
-    out.push_str(rest);
-    Some(out)
+    entries.iter().enumerate().try_for_each(|(at, e)| e.compile(at).map(drop))
 }
 
 #[cfg(test)]
@@ -133,14 +99,16 @@ mod tests {
     }
 
     #[test]
-    fn a_topic_is_filled_in_for_each_client() {
-        let client =
-            Client { client_id: "dev1", username: Some("alice"), peer: "10.1.2.3:5555".parse().unwrap() };
-        let topic = entry("c/${clientid}/${username}/${host}:${port}/#");
-        assert_eq!(topic.filter_for(client).as_deref(), Some("c/dev1/alice/10.1.2.3:5555/#"));
-        let anonymous = Client { username: None, ..client };
-        assert_eq!(topic.filter_for(anonymous), None, "no user name: not subscribed");
-        assert_eq!(entry("all/${clientid}").filter_for(anonymous).as_deref(), Some("all/dev1"));
+    fn a_topic_is_filled_in_for_each_client_that_has_its_values() {
+        let topic = entry("c/${clientid}/${username}/${host}:${port}/#").compile(0).unwrap().topic;
+        let mut client: Map<String, Value> =
+            [("clientid", "dev1"), ("username", "alice"), ("host", "10.1.2.3"), ("port", "5555")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.into()))
+                .collect();
+        assert_eq!(topic.render_all(&client).as_deref(), Some("c/dev1/alice/10.1.2.3:5555/#"));
+        client.remove("username");
+        assert_eq!(topic.render_all(&client), None, "no user name: not subscribed");
     }
 
     #[test]
@@ -151,6 +119,7 @@ mod tests {
             unknown.contains("auto_subscribe[1].topic") && unknown.contains("${user}: not a placeholder"),
             "{unknown}"
         );
+        assert!(err(entry("a/${clientid")).contains("unclosed"));
         assert!(err(entry("a/#/b")).contains("not a topic filter"));
         assert!(err(AutoSubscribeConfig { qos: 3, ..entry("a") }).contains("auto_subscribe[1].qos"));
         assert!(err(AutoSubscribeConfig { rh: 5, ..entry("a") }).contains("auto_subscribe[1].rh"));

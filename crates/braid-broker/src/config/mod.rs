@@ -31,7 +31,7 @@ use figment::{Figment, Provider};
 use serde::{Deserialize, Serialize};
 
 pub use admin::AdminConfig;
-pub use auto_subscribe::{AutoSubscribeConfig, Client};
+pub use auto_subscribe::{AutoSubscribeConfig, AutoSubscription};
 pub use bridges::{BridgesConfig, KafkaAck, KafkaBridgeConfig, KafkaIn, KafkaOut, MqttBridgeConfig};
 pub use cluster::{ClusterConfig, PartitionPolicy};
 pub use error::ConfigError;

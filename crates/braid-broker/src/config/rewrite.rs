@@ -12,7 +12,7 @@ use super::ConfigError;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RewriteAction {
-    /// PUBLISH topics (and will topics).
+    /// PUBLISH topics (not will topics).
     Publish,
     /// SUBSCRIBE and UNSUBSCRIBE filters.
     Subscribe,

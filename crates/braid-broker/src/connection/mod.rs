@@ -234,7 +234,7 @@ async fn admit_counted(
             Err(_) => {}
         }
     }
-    if matches!(via, Via::Listener { .. }) && !broker.config().auto_subscribe.is_empty() {
+    if matches!(via, Via::Listener { .. }) {
         let session = &accepted.session;
         let username = origin.username.as_deref();
         let refused = broker.auto_subscribe(session, connect.protocol, username, peer, Instant::now());
