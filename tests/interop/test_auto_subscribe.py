@@ -8,6 +8,7 @@ import pytest
 from paho.mqtt.client import MQTTv5
 
 from conftest import serve_refused
+from v5util import connect_props
 
 pytestmark = pytest.mark.braid_only
 
@@ -16,6 +17,7 @@ TOPICS = [
     {"topic": "users/${username}/#", "qos": 2},
     {"topic": "hosts/${host}", "qos": 0, "rh": 2},
     {"topic": "chat", "qos": 1, "nl": True},
+    {"topic": "keep/${clientid}", "qos": 1, "rap": True},
 ]
 
 
@@ -41,6 +43,22 @@ def test_a_client_gets_its_subscriptions_at_connect_with_their_options(make_brok
     pub(b, "chat", "theirs")
     [m] = dev.wait_messages(1)
     assert (m.topic, m.payload) == ("chat", b"theirs")
+    # Retain As Published on keep/..., not on cmd/...: a live retained message keeps RETAIN only there.
+    pub(b, "keep/dev1", "kept", "-r")
+    pub(b, "cmd/dev1", "plain", "-r")
+    got = [(m.topic, m.retain) for m in dev.wait_messages(2)]
+    assert got == [("keep/dev1", True), ("cmd/dev1", False)]
+
+
+def test_a_persistent_session_keeps_its_auto_subscriptions_while_offline(make_broker, connect):
+    b = make_broker(braid={"auto_subscribe": TOPICS})
+    kept = connect_props(SessionExpiryInterval=300)
+    dev = connect(b, client_id="dev3", protocol=MQTTv5, clean_start=False, properties=kept)
+    dev.disconnect()
+    pub(b, "cmd/dev3", "while you were away")
+    back = connect(b, client_id="dev3", protocol=MQTTv5, clean_start=False, properties=kept)
+    got = [(m.topic, m.payload) for m in back.wait_messages(1)]
+    assert got == [("cmd/dev3", b"while you were away")]
 
 
 def test_a_client_without_a_user_name_gets_the_topics_that_need_none(make_broker, mosquitto_sub):

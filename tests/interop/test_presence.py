@@ -7,6 +7,9 @@ import subprocess
 import pytest
 from paho.mqtt.client import MQTTv5
 
+from helpers import wait_until
+from test_admin_api import Api, admin_broker
+
 pytestmark = pytest.mark.braid_only
 
 CONNECTED = {"username", "ts", "sockport", "proto_ver", "proto_name", "keepalive", "ipaddress",
@@ -57,3 +60,20 @@ def test_the_acl_decides_who_sees_presence(make_broker, connect, tmp_path):
     got = [m.topic for m in ops.wait_messages(2)]
     assert got == ["$SYS/brokers/braid/clients/nosy/connected", "$SYS/brokers/braid/clients/dev2/connected"]
     nosy.expect_no_message(0.3)
+
+
+def test_in_process_clients_are_not_announced(make_broker, connect, mosquitto_sub):
+    b, port = admin_broker(make_broker, **{"sys.presence": True})
+    # `#`, not `+`: an in-process client id (`$internal/sink/hook`) has levels of its own.
+    watcher = mosquitto_sub(b, ["$SYS/brokers/+/clients/#"], qos=0)
+    api = Api(port)
+    # A sink made now connects its outbox's in-process client while the watcher listens.
+    sink = {"name": "hook", "type": "http", "url": "http://127.0.0.1:9/in"}
+    assert api.call("POST", "/api/v1/sinks", sink)[0] in (200, 201)
+    wait_until(lambda: any(c["client_id"].startswith("$internal/sink/hook")
+                           for c in api.get("/api/v1/clients?prefix=$internal/&state=connected")[1]["data"]),
+               message="the sink's outbox client connected")
+    connect(b, client_id="after", protocol=MQTTv5)
+    got = [m.topic for m in watcher.wait_messages(1)]
+    assert got == ["$SYS/brokers/braid/clients/after/connected"], "the outbox client was not announced"
+    watcher.expect_no_message(0.3)

@@ -37,6 +37,13 @@ def test_a_published_topic_is_rewritten_with_the_expression_groups(make_broker, 
     assert paho.publish("x/y/c/d", b"paho", qos=1) == 0
     [m] = everything.wait_messages(1)
     assert (m.topic, m.payload) == ("z/y/x/c/d", b"paho")
+    # A retained message is kept under the topic it was rewritten to.
+    pub(b, "x/y/r/1", "kept", "-r")
+    everything.wait_messages(1)
+    late = connect(b, protocol=MQTTv5)
+    late.subscribe("#", 1)
+    [m] = late.wait_messages(1)
+    assert (m.topic, m.payload, m.retain) == ("z/y/x/r/1", b"kept", True)
 
 
 def test_subscribe_and_unsubscribe_filters_are_rewritten_shared_ones_after_their_group(make_broker, connect):
