@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use braid_proto::topic::{parse_shared, valid_topic_filter};
 use braid_proto::ConnAck;
+use braid_rules::Event;
 
 use crate::auth::Security;
 use crate::balance::Balancer;
@@ -55,7 +56,6 @@ use crate::session::{Restore, Session, Wakes};
 use crate::store::{self, Store, StoreError, Ticket, UnixClock};
 use crate::trace::Tracer;
 use live::Live;
-use presence::presence_events;
 
 use timers::{Timer, Timers};
 
@@ -434,6 +434,15 @@ fn split_filter(filter: &str) -> Option<(&str, Option<&str>)> {
         Ok(Some(shared)) => Some((shared.filter, Some(shared.group))),
         Ok(None) if valid_topic_filter(filter) => Some((filter, None)),
         _ => None,
+    }
+}
+
+/// The client events presence (`sys.presence`) takes under `config`, as
+/// [`Broker::rules_take`] reads them: the paths that raise them then do.
+fn presence_events(config: &Config) -> u16 {
+    match config.sys.presence {
+        true => 1 << Event::ClientConnected as u8 | 1 << Event::ClientDisconnected as u8,
+        false => 0,
     }
 }
 

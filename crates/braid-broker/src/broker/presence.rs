@@ -7,22 +7,10 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use braid_rules::Event;
-
 use super::rules::Who;
 use super::Broker;
-use crate::config::Config;
 use crate::message::Message;
 use crate::transport_kind::Transport;
-
-/// The client events presence takes under `config`, as [`Broker::rules_take`] reads them: the
-/// paths that raise them then do.
-pub(super) fn presence_events(config: &Config) -> u16 {
-    match config.sys.presence {
-        true => 1 << Event::ClientConnected as u8 | 1 << Event::ClientDisconnected as u8,
-        false => 0,
-    }
-}
 
 impl Broker {
     /// Publishes `client_id`'s presence `what` (`connected` or `disconnected`) at `now`: the

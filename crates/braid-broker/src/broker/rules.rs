@@ -18,9 +18,8 @@ use braid_proto::{ByteString, Bytes, Connect, ProtocolVersion, Publish, QoS, Rea
 use braid_rules::{Context, Event};
 use serde_json::Value;
 
-use super::presence::presence_events;
 use super::Ending;
-use super::{Broker, Published};
+use super::{presence_events, Broker, Published};
 use crate::config::{RuleConfig, SinkConfig};
 use crate::message::{Delivery, Message};
 use crate::rules::{Actions, Publisher, Rules, SinkOutbox};
